@@ -1,0 +1,25 @@
+"""Exception tree of the server side.
+
+    AgentKVError                 (agentkv, the SDK's root: one hierarchy for the project)
+     └── AgentKVServerError
+          ├── ConfigError        bad settings or command-line options
+          └── EngineError        an engine could not be started, reached or used
+"""
+
+from __future__ import annotations
+
+from agentkv import AgentKVError
+
+__all__ = ["AgentKVServerError", "ConfigError", "EngineError"]
+
+
+class AgentKVServerError(AgentKVError):
+    """Root of every error raised by agentkv's server side."""
+
+
+class ConfigError(AgentKVServerError):
+    """Settings or options that cannot work together."""
+
+
+class EngineError(AgentKVServerError):
+    """An engine failed to start, answer or serve."""
