@@ -1,8 +1,8 @@
 """One exception tree for all of agentkv.
 
-    AgentKVError                  root: catch this to catch anything agentkv raises
-     ├── SessionError             misuse of agentkv.session (bad id, nesting, ended session)
-     └── agentkv_server.errors.*  the server side's errors derive from the same root
+AgentKVError                  root: catch this to catch anything agentkv raises
+ ├── SessionError             misuse of agentkv.session (bad id, negative time, stray exit)
+ └── agentkv_server.errors.*  the server side's errors derive from the same root
 """
 
 from __future__ import annotations

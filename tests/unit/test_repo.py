@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def readme_command(marker: str) -> str:
     """The fenced block right after ``<!-- agentkv:MARKER -->`` in README.md."""
     text = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- agentkv:{marker} -->\n```(?:bash|sh)?\n(.*?)\n```", text, re.S)
+    match = re.search(rf"<!-- agentkv:{marker} -->\n```(?:bash|sh)?\n(.*?)\n```", text, re.DOTALL)
     assert match, f"README.md lacks a fenced block right after <!-- agentkv:{marker} -->"
     return match.group(1).strip()
 

@@ -1,0 +1,182 @@
+"""Test doubles for code built on agentkv (ours and yours): a fake router behind a mock transport.
+
+    router = FakeRouter([Reply.tool_call("search", {"q": "kv"}), Reply("done")])
+    client = agentkv.OpenAI(api_key="test", http_client=router.http_client())
+    ...
+    assert router.requests[0].headers["x-session-id"] == ...
+
+The fake answers ``/chat/completions``, ``/completions`` and ``/responses`` with OpenAI-shaped
+JSON, or server-sent events when the request asks to stream, and reports a KV path the way the
+agentkv router does (docs/protocol.md section 3) for requests that carry a session id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from agentkv import protocol
+
+__all__ = ["FakeRouter", "RecordedRequest", "Reply", "openai_httpx"]
+
+# The HTTP library the installed openai is built on: httpx for openai 2.x, its fork httpx2 for 3.x.
+# Mock transports and clients handed to openai must come from that one.
+openai_httpx = importlib.import_module(
+    "httpx2" if int(openai.__version__.split(".")[0]) >= 3 else "httpx"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One scripted model answer: text, or a single tool call."""
+
+    text: str = "ok"
+    tool_name: str | None = None
+    tool_arguments: str = "{}"
+
+    @classmethod
+    def tool_call(cls, name: str, arguments: dict[str, Any] | None = None) -> Reply:
+        return cls(text="", tool_name=name, tool_arguments=json.dumps(arguments or {}))
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.tool_name else "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """A request as the fake received it."""
+
+    path: str
+    headers: openai_httpx.Headers
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeRouter:
+    """An OpenAI-compatible endpoint as an ``openai_httpx.MockTransport`` handler.
+
+    Replies are served in order, then ``Reply()`` forever. Thread- and task-safe.
+    """
+
+    replies: Iterable[Reply] = ()
+    kv_path: str = "reuse"
+    reused_tokens: int = 96
+    requests: list[RecordedRequest] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._replies: Iterator[Reply] = iter(self.replies)
+        self._lock = threading.Lock()
+
+    def http_client(self) -> openai_httpx.Client:
+        return openai_httpx.Client(transport=openai_httpx.MockTransport(self))
+
+    def async_http_client(self) -> openai_httpx.AsyncClient:
+        return openai_httpx.AsyncClient(transport=openai_httpx.MockTransport(self))
+
+    def __call__(self, request: openai_httpx.Request) -> openai_httpx.Response:
+        body = json.loads(request.content or b"{}")
+        with self._lock:
+            self.requests.append(RecordedRequest(request.url.path, request.headers, body))
+            reply = next(self._replies, Reply())
+        events = _events_for(request.url.path)(reply, body.get("model", "fake"))
+        headers = self._router_headers(request.headers)
+        if body.get("stream"):
+            return openai_httpx.Response(200, headers=headers, content=_sse(events[:-1]))
+        return openai_httpx.Response(200, headers=headers, json=events[-1])
+
+    def _router_headers(self, request_headers: openai_httpx.Headers) -> dict[str, str]:
+        session_id = request_headers.get(protocol.HEADER_SESSION_ID)
+        if session_id is None:
+            return {}
+        return {
+            protocol.HEADER_RESPONSE_SESSION_ID: session_id,
+            protocol.HEADER_KV_PATH: self.kv_path,
+            protocol.HEADER_REUSED_TOKENS: str(self.reused_tokens),
+        }
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    lines = [f"data: {json.dumps(event)}\n\n" for event in events]
+    return "".join([*lines, "data: [DONE]\n\n"]).encode()
+
+
+def _events_for(path: str) -> Callable[[Reply, str], list[dict[str, Any]]]:
+    """The event builder for an endpoint: each returns the stream's events, then the whole body."""
+    if path.endswith("/chat/completions"):
+        return _chat
+    if path.endswith("/completions"):
+        return _completion
+    return _response
+
+
+def _chat(reply: Reply, model: str) -> list[dict[str, Any]]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_name:
+        function = {"name": reply.tool_name, "arguments": reply.tool_arguments}
+        message["tool_calls"] = [{"id": "call_0", "type": "function", "function": function}]
+    delta = {**message}
+    if reply.tool_name:
+        delta["tool_calls"] = [{"index": 0, **message["tool_calls"][0]}]
+    chunk = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": model}
+    return [
+        {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]},
+        {
+            "id": "chatcmpl-0",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+        },
+    ]
+
+
+def _completion(reply: Reply, model: str) -> list[dict[str, Any]]:
+    done = {
+        "id": "cmpl-0",
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "text": reply.text, "finish_reason": "stop", "logprobs": None}],
+    }
+    return [done, done]
+
+
+def _response(reply: Reply, model: str) -> list[dict[str, Any]]:
+    if reply.tool_name:
+        item = {
+            "type": "function_call",
+            "id": "fc_0",
+            "call_id": "call_0",
+            "name": reply.tool_name,
+            "arguments": reply.tool_arguments,
+            "status": "completed",
+        }
+    else:
+        content = [{"type": "output_text", "text": reply.text, "annotations": []}]
+        item = {"type": "message", "id": "msg_0", "role": "assistant", "status": "completed"}
+        item["content"] = content
+    response = {
+        "id": "resp_0",
+        "object": "response",
+        "created_at": 0,
+        "model": model,
+        "status": "completed",
+        "output": [item],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    created = {**response, "status": "in_progress", "output": []}
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": created},
+        {"type": "response.completed", "sequence_number": 1, "response": response},
+        response,
+    ]

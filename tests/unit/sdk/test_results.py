@@ -1,0 +1,32 @@
+from types import SimpleNamespace as Obj
+
+from agentkv._results import finish_reason, kv_path, reused_tokens
+from agentkv.testing import openai_httpx
+
+
+def choices(*reasons):
+    return Obj(choices=[Obj(finish_reason=reason) for reason in reasons])
+
+
+def test_chat_finish_reasons():
+    assert finish_reason(choices("stop")) == "stop"
+    assert finish_reason(choices(None)) is None
+    assert finish_reason(choices("stop", "tool_calls")) == "tool_calls"
+
+
+def test_responses_api_finish_reasons():
+    text = Obj(object="response", status="completed", output=[Obj(type="message")])
+    tool = Obj(object="response", status="completed", output=[Obj(type="function_call")])
+    running = Obj(object="response", status="in_progress", output=[])
+    assert finish_reason(text) == "completed"
+    assert finish_reason(tool) == "tool_calls"
+    assert finish_reason(Obj(type="response.created", response=running)) is None
+    assert finish_reason(Obj(type="response.completed", response=tool)) == "tool_calls"
+    assert finish_reason(Obj(type="response.output_text.delta", delta="x")) is None
+
+
+def test_router_headers():
+    headers = openai_httpx.Headers({"X-AgentKV-KV-Path": "reuse", "x-agentkv-reused-tokens": "640"})
+    assert (kv_path(headers), reused_tokens(headers)) == ("reuse", 640)
+    assert (kv_path({}), reused_tokens({})) == (None, None)
+    assert reused_tokens({"x-agentkv-reused-tokens": "many"}) is None
