@@ -145,8 +145,49 @@ class _Tagged(Proxy[Any]):
         )
 
 
+class _ObservedRawResponse(Proxy[Any]):
+    """openai's raw response, whose ``parse()`` returns the observed result."""
+
+    def __init__(self, raw: _RawResponse[Any], call: ModelCall) -> None:
+        super().__init__(raw)
+        self._agentkv_call = call
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        return self._agentkv_call.result(self.__wrapped__)
+
+
+class TaggedRawResource(_Tagged):
+    """``<resource>.with_raw_response``: LangChain calls ``create`` through it."""
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:
+        started = self._agentkv_start(kwargs)
+        if started is None:
+            return self.__wrapped__.create(*args, **kwargs)
+        call, tagged = started
+        return _ObservedRawResponse(self.__wrapped__.create(*args, **tagged), call)
+
+
+class AsyncTaggedRawResource(_Tagged):
+    """The async twin of :class:`TaggedRawResource`."""
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:
+        started = self._agentkv_start(kwargs)
+        if started is None:
+            return await self.__wrapped__.create(*args, **kwargs)
+        call, tagged = started
+        return _ObservedRawResponse(await self.__wrapped__.create(*args, **tagged), call)
+
+
 class TaggedResource(_Tagged):
     """A sync model-call resource (``chat.completions``, ``completions``, ``responses``)."""
+
+    @cached_property
+    def with_raw_response(self) -> TaggedRawResource:
+        return TaggedRawResource(
+            self.__wrapped__.with_raw_response,
+            client=self._agentkv_client,
+            send_body=self._agentkv_send_body,
+        )
 
     def create(self, *args: Any, **kwargs: Any) -> Any:
         started = self._agentkv_start(kwargs)
@@ -158,6 +199,14 @@ class TaggedResource(_Tagged):
 
 class AsyncTaggedResource(_Tagged):
     """The async twin of :class:`TaggedResource`."""
+
+    @cached_property
+    def with_raw_response(self) -> AsyncTaggedRawResource:
+        return AsyncTaggedRawResource(
+            self.__wrapped__.with_raw_response,
+            client=self._agentkv_client,
+            send_body=self._agentkv_send_body,
+        )
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:
         started = self._agentkv_start(kwargs)

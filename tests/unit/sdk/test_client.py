@@ -79,6 +79,27 @@ async def test_async_call_is_tagged(router, async_client):
     assert s.last_turn.finish_reason == "stop"
 
 
+def test_with_raw_response_is_tagged_and_parse_is_observed(router, client):
+    """LangChain calls ``create`` through ``with_raw_response``: it must be tagged too."""
+    with agentkv.session("s-raw") as s:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=[USER])
+        assert raw.headers["x-agentkv-kv-path"] == "reuse"
+        completion = raw.parse()
+    assert type(completion) is ChatCompletion
+    assert router.requests[0].headers["x-session-id"] == "s-raw"
+    assert s.last_turn.kv_path == "reuse" and s.last_turn.finish_reason == "stop"
+
+
+async def test_async_with_raw_response_is_tagged(router, async_client):
+    async with agentkv.session("s-araw") as s:
+        raw = await async_client.chat.completions.with_raw_response.create(
+            model="m", messages=[USER]
+        )
+        raw.parse()
+    assert router.requests[0].headers["x-agentkv-turn"] == "1"
+    assert s.last_turn.turn == 1
+
+
 def test_router_headers_fill_last_turn(client):
     with agentkv.session() as s:
         ask(client)

@@ -1,0 +1,87 @@
+"""A LangGraph tool-calling agent through agentkv: one thread is one agentkv session.
+
+    .venv/bin/agentkv serve --run "python examples/langchain_agent.py"
+    AGENTKV_BASE_URL=https://host/v1 python examples/langchain_agent.py
+
+What agentkv changes in a LangGraph program: ``ChatOpenAI`` comes from ``agentkv_langchain``
+and the run's callbacks hold an ``AgentKVCallbackHandler``; the thread id is the session id.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from _common import (
+    API_KEY,
+    BASE_URL,
+    MAX_TOKENS,
+    PROMPT,
+    TURNS,
+    add,
+    model_name,
+    report,
+    tool_for_turn,
+    weather,
+    word_count,
+)
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from agentkv_langchain import AgentKVCallbackHandler, ChatOpenAI, thread_session
+
+TOOLS = [tool(weather), tool(add), tool(word_count)]
+
+
+def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
+    """Model, then tools, until the last turn answers in text."""
+
+    def agent(state: MessagesState, config: RunnableConfig) -> dict[str, list[AnyMessage]]:
+        turn = 1 + sum(isinstance(message, AIMessage) for message in state["messages"])
+        if turn >= TURNS:
+            thread_session(config["configurable"]["thread_id"]).end_next_turn()
+        choice = "none" if turn >= TURNS else tool_for_turn(turn)
+        reply = model.bind_tools(TOOLS, tool_choice=choice).invoke(state["messages"], config)
+        return {"messages": [with_repaired_calls(reply)]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode(TOOLS))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile()
+
+
+def with_repaired_calls(reply: AIMessage) -> AIMessage:
+    """Tool calls whose arguments do not parse get empty ones (every tool has defaults)."""
+    repaired = [
+        {"name": call["name"], "args": {}, "id": call["id"], "type": "tool_call"}
+        for call in reply.invalid_tool_calls
+        if call["name"] in {t.name for t in TOOLS}
+    ]
+    if not repaired:
+        return reply
+    return AIMessage(content=reply.content, tool_calls=[*reply.tool_calls, *repaired], id=reply.id)
+
+
+def main() -> None:
+    model = ChatOpenAI(
+        model=model_name(), base_url=BASE_URL, api_key=API_KEY, max_tokens=MAX_TOKENS, temperature=0
+    )
+    thread_id = f"langgraph-{uuid.uuid4().hex[:12]}"
+    config: RunnableConfig = {
+        "configurable": {"thread_id": thread_id},
+        "callbacks": [AgentKVCallbackHandler()],
+        "recursion_limit": 4 * TURNS,
+    }
+    print(f"LangGraph agent: {TURNS} turns of {model.model_name} at {BASE_URL}", flush=True)
+    build_graph(model).invoke({"messages": [HumanMessage(PROMPT)]}, config)
+    report(thread_session(thread_id))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""An OpenAI Agents SDK agent through agentkv: one run (one conversation) is one agentkv session.
+
+    .venv/bin/agentkv serve --run "python examples/openai_agents_agent.py"
+    AGENTKV_BASE_URL=https://host/v1 python examples/openai_agents_agent.py
+
+What agentkv changes in an Agents SDK program: ``Runner`` comes from ``agentkv_openai_agents``
+and the model's client is an ``agentkv.AsyncOpenAI``. A run given a memory session
+(``SQLiteSession``) uses that conversation's agentkv session, whose id is the memory session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from _common import (
+    API_KEY,
+    BASE_URL,
+    MAX_TOKENS,
+    PROMPT,
+    SCHEMAS,
+    TOOLS,
+    TURNS,
+    model_name,
+    report,
+    run_tool,
+)
+from agents import (
+    Agent,
+    FunctionToolResult,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    RunContextWrapper,
+    SQLiteSession,
+    ToolsToFinalOutputResult,
+)
+from agents.tool import FunctionTool
+
+import agentkv
+from agentkv_openai_agents import Runner, conversation_session
+
+
+def local_tool(name: str, func: Callable[..., str]) -> FunctionTool:
+    """A tool that accepts arguments which do not parse (``@function_tool`` would fail the run)."""
+
+    async def invoke(context: Any, arguments: str) -> str:
+        return run_tool(name, arguments)
+
+    return FunctionTool(
+        name=name,
+        description=func.__doc__ or name,
+        params_json_schema=SCHEMAS[name],
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )
+
+
+class StopAfterToolTurns:
+    """Ends the run after ``turns`` tool turns: ``tool_choice`` forces a tool on every turn."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
+        self.done = 0
+
+    def __call__(
+        self, context: RunContextWrapper[Any], results: list[FunctionToolResult]
+    ) -> ToolsToFinalOutputResult:
+        self.done += 1
+        final = str(results[-1].output) if results else None
+        return ToolsToFinalOutputResult(is_final_output=self.done >= self.turns, final_output=final)
+
+
+async def main() -> None:
+    client = agentkv.AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY)
+    agent = Agent(
+        name="travel planner",
+        instructions="You are a travel planner. Use the tools.",
+        model=OpenAIChatCompletionsModel(model=model_name(), openai_client=client),
+        model_settings=ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0),
+        tools=[local_tool(name, func) for name, func in TOOLS.items()],
+        reset_tool_choice=False,
+        tool_use_behavior=StopAfterToolTurns(TURNS - 1),
+    )
+    memory = SQLiteSession(f"agents-{uuid.uuid4().hex[:12]}")
+    print(f"Agents SDK run: {TURNS - 1} turns at {BASE_URL}", flush=True)
+    await Runner.run(
+        agent, PROMPT, session=memory, max_turns=TURNS, run_config=RunConfig(tracing_disabled=True)
+    )
+    report(conversation_session(memory))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
