@@ -1,0 +1,39 @@
+"""agentkv's router: session-aware prefill/decode orchestration with KV reuse.
+
+Start one with ``agentkv router --prefill URL --decode URL`` or, in code,
+``uvicorn.run(create_app(Settings(...)))``. docs/router.md explains the design.
+"""
+
+from agentkv_server.router.app import RouterState, create_app
+from agentkv_server.router.errors import RouterError
+from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.policy import (
+    CostModelPolicy,
+    Decision,
+    NeverPolicy,
+    PrefillSample,
+    ReusePolicy,
+    UpstreamPolicy,
+    make_policy,
+)
+from agentkv_server.router.redis_store import RedisStore
+from agentkv_server.router.sessions import Holding, InMemoryStore, SessionStore, Ticket
+
+__all__ = [
+    "CostModelPolicy",
+    "Decision",
+    "Holding",
+    "InMemoryStore",
+    "NeverPolicy",
+    "PrefillSample",
+    "RedisStore",
+    "ReusePolicy",
+    "RouterError",
+    "RouterMetrics",
+    "RouterState",
+    "SessionStore",
+    "Ticket",
+    "UpstreamPolicy",
+    "create_app",
+    "make_policy",
+]

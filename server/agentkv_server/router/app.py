@@ -1,0 +1,247 @@
+"""The router's FastAPI app: OpenAI-compatible endpoints in front of prefill and decode engines.
+
+Routes:
+  POST   /v1/chat/completions, /v1/completions   turns (streamed or not), see orchestrator.py
+  GET    /v1/models                               an engine's model list
+  DELETE /v1/sessions/{id}                        end a session, release its KV
+  POST   /internal/v1/kv-holdings                 decode engines' holding reports (shared secret)
+  GET    /health, /metrics                        engine health; Prometheus text
+
+Everything that lives as long as the app (the aiohttp session, the store, the health loop) is
+created in the lifespan and closed with it. Tests drive the app in-process with
+``httpx.ASGITransport`` inside ``app.router.lifespan_context(app)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from agentkv import protocol
+from agentkv_server.router.errors import RouterError, install_error_handlers
+from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.intake import read_request
+from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.orchestrator import Orchestrator
+from agentkv_server.router.placement import EnginePool, HealthMonitor
+from agentkv_server.router.policy import ReusePolicy, make_policy
+from agentkv_server.router.redis_store import RedisStore
+from agentkv_server.router.sessions import InMemoryStore, SessionStore
+from agentkv_server.settings import Settings
+
+__all__ = ["HEADER_SECRET", "REPORT_PATH", "RouterState", "create_app"]
+
+REPORT_PATH = "/internal/v1/kv-holdings"
+HEADER_SECRET = "x-agentkv-secret"
+
+
+@dataclass
+class RouterState:
+    """Everything one running router holds; ``app.state.router`` while the app runs."""
+
+    settings: Settings
+    prefill: EnginePool
+    decode: EnginePool
+    policy: ReusePolicy
+    metrics: RouterMetrics
+    store: SessionStore
+    http: aiohttp.ClientSession
+    keeper: HoldingKeeper
+    health: HealthMonitor
+    orchestrator: Orchestrator
+
+
+def create_app(
+    settings: Settings, *, store: SessionStore | None = None, policy: ReusePolicy | None = None
+) -> FastAPI:
+    """A router app. ``store`` (owned by the caller) replaces the one the settings describe."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = _start(settings, store, policy or make_policy(settings))
+        state.health.start()
+        app.state.router = state
+        try:
+            yield
+        finally:
+            await state.health.stop()
+            await state.keeper.drain()
+            await state.http.close()
+            if store is None:
+                await state.store.close()
+
+    app = FastAPI(
+        title="agentkv router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    install_error_handlers(app)
+    _add_routes(app)
+    return app
+
+
+def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) -> RouterState:
+    http = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
+        raise_for_status=False,
+    )
+    store = store or _make_store(settings)
+    prefill = EnginePool("prefill", settings.prefill_urls)
+    decode = EnginePool("decode", settings.decode_urls, last_resort=True)
+    metrics = RouterMetrics()
+    keeper = HoldingKeeper(
+        store,
+        http,
+        safety_margin_s=settings.retention.safety_margin_s,
+        release_timeout_s=settings.timeouts.release_s,
+        releases_enabled=policy.sends_hints,
+    )
+    return RouterState(
+        settings=settings,
+        prefill=prefill,
+        decode=decode,
+        policy=policy,
+        metrics=metrics,
+        store=store,
+        http=http,
+        keeper=keeper,
+        health=HealthMonitor(
+            (prefill, decode),
+            http,
+            interval_s=settings.health_interval_s,
+            timeout_s=settings.timeouts.health_s,
+        ),
+        orchestrator=Orchestrator(settings, http, prefill, decode, keeper, policy, metrics),
+    )
+
+
+def _make_store(settings: Settings) -> SessionStore:
+    # A ticket (and an ended session's tombstone) must outlive the longest turn.
+    ticket_ttl_s = settings.timeouts.prefill_s + settings.timeouts.decode_s + 60.0
+    if settings.redis_url:
+        return RedisStore.from_url(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            max_sessions=settings.max_sessions,
+            ticket_ttl_s=ticket_ttl_s,
+        )
+    return InMemoryStore(max_sessions=settings.max_sessions, ticket_ttl_s=ticket_ttl_s)
+
+
+def _state(request: Request) -> RouterState:
+    return request.app.state.router
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        started = time.monotonic()
+        state = _state(request)
+        turn = await read_request(request, "chat", state.settings.max_body_bytes)
+        return await state.orchestrator.serve(turn, started)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        started = time.monotonic()
+        state = _state(request)
+        turn = await read_request(request, "completion", state.settings.max_body_bytes)
+        return await state.orchestrator.serve(turn, started)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        state = _state(request)
+        timeout = aiohttp.ClientTimeout(total=state.settings.timeouts.health_s)
+        for engine in [*state.decode.engines, *state.prefill.engines]:
+            if not engine.healthy:
+                continue
+            try:
+                async with state.http.get(f"{engine.url}/v1/models", timeout=timeout) as answer:
+                    if answer.status == 200:
+                        return Response(await answer.read(), media_type="application/json")
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                continue
+        raise RouterError(
+            503, "No engine answered /v1/models.", type="server_error", code="no_engine_available"
+        )
+
+    @app.delete("/v1/sessions/{session_id:path}")
+    async def end_session(session_id: str, request: Request) -> Response:
+        if not protocol.is_valid_session_id(session_id):
+            raise RouterError(
+                400, "Invalid session id.", param="session_id", code="invalid_session_id"
+            )
+        holding, released = await _state(request).keeper.end(session_id)
+        if holding is None:
+            raise RouterError(
+                404,
+                f"No KV is held for session {session_id!r}.",
+                type="not_found_error",
+                param="session_id",
+                code="session_not_found",
+            )
+        body = {
+            "id": session_id,
+            "object": "session.deleted",
+            "deleted": True,
+            "released": released,
+            "released_tokens": holding.num_tokens if released else 0,
+        }
+        return JSONResponse(body)
+
+    @app.post(REPORT_PATH, status_code=204)
+    async def report_holding(request: Request) -> Response:
+        state = _state(request)
+        offered = request.headers.get(HEADER_SECRET, "")
+        expected = state.settings.secret.get_secret_value()
+        if not secrets.compare_digest(offered.encode(), expected.encode()):
+            raise RouterError(
+                401,
+                "Missing or wrong x-agentkv-secret.",
+                type="authentication_error",
+                code="invalid_secret",
+            )
+        try:
+            report = await request.json()
+        except ValueError:
+            raise RouterError(400, "Report is not valid JSON.", code="invalid_json") from None
+        if not (
+            isinstance(report, dict)
+            and isinstance(report.get("ticket"), str)
+            and isinstance(report.get("kv_transfer_params"), dict)
+        ):
+            raise RouterError(
+                400,
+                "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
+                code="invalid_report",
+            )
+        await state.keeper.record(report["ticket"], report["kv_transfer_params"])
+        return Response(status_code=204)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        state = _state(request)
+        engines = [*state.prefill.engines, *state.decode.engines]
+        status = "ok" if all(engine.healthy for engine in engines) else "degraded"
+        if not state.decode.any_healthy():
+            status = "unavailable"
+        body = {
+            "status": status,
+            "policy": state.policy.name,
+            "store": "redis" if isinstance(state.store, RedisStore) else "memory",
+            "prefill": [engine.snapshot() for engine in state.prefill.engines],
+            "decode": [engine.snapshot() for engine in state.decode.engines],
+        }
+        return JSONResponse(body, status_code=200 if state.decode.any_healthy() else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state = _state(request)
+        text = state.metrics.render(await state.store.count())
+        return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,70 @@
+"""Errors the router answers with, in OpenAI's format so that every OpenAI client can read them.
+
+Body: ``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentkv_server.errors import AgentKVServerError
+
+__all__ = ["RouterError", "error_response", "install_error_handlers"]
+
+
+class RouterError(AgentKVServerError):
+    """A request the router refuses or cannot serve; becomes an OpenAI-format error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def response(self) -> JSONResponse:
+        return error_response(
+            self.status, self.message, type=self.type, param=self.param, code=self.code
+        )
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
+    """An OpenAI-format error response."""
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+async def _router_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RouterError)
+    return exc.response()
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    # FastAPI's own 404/405 would otherwise answer {"detail": ...}.
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(exc.status_code, str(exc.detail), type=kind)
+
+
+def install_error_handlers(app) -> None:
+    """Make every error the app answers OpenAI-shaped."""
+    app.add_exception_handler(RouterError, _router_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -1,0 +1,115 @@
+"""Keeping holdings: issuing tickets, recording what decode engines report, releasing KV.
+
+A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
+evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
+sends the release request of docs/protocol.md section 5 so the engine frees it now. Releases
+run in the background: they never delay a client's turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from agentkv_server.router.sessions import Holding, SessionStore, Ticket, holding_from_params
+
+__all__ = ["HoldingKeeper"]
+
+logger = logging.getLogger(__name__)
+
+
+class HoldingKeeper:
+    """The router's side of the holdings protocol, over one :class:`SessionStore`."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        http: aiohttp.ClientSession,
+        *,
+        safety_margin_s: float,
+        release_timeout_s: float,
+        releases_enabled: bool,
+    ) -> None:
+        self.store = store
+        self._http = http
+        self._safety_margin_s = safety_margin_s
+        self._release_timeout = aiohttp.ClientTimeout(total=release_timeout_s)
+        self._releases_enabled = releases_enabled
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def issue(
+        self, session_id: str, decode_url: str, model: str, retention_s: float
+    ) -> Ticket:
+        ticket = Ticket(
+            ticket=uuid.uuid4().hex,
+            session_id=session_id,
+            decode_url=decode_url,
+            model=model,
+            issued_at=time.time(),
+            retention_s=retention_s,
+        )
+        await self.store.add_ticket(ticket)
+        return ticket
+
+    async def record(self, ticket_id: str, params: Mapping[str, Any]) -> Holding | None:
+        """Turn a decode engine's returned params into the session's holding.
+
+        Called from the response body and from the engine's report; the first pops the ticket,
+        the second finds none and does nothing.
+        """
+        ticket = await self.store.pop_ticket(ticket_id)
+        if ticket is None:
+            return None
+        holding = holding_from_params(
+            ticket, params, now=time.time(), safety_margin_s=self._safety_margin_s
+        )
+        if holding is None:
+            return None
+        losers = await self.store.offer(holding)
+        self.release_soon(losers)
+        return None if holding in losers else holding
+
+    async def end(self, session_id: str) -> tuple[Holding | None, bool]:
+        """End a session now: drop its holding and release it. Returns (holding, released)."""
+        holding = await self.store.end(session_id, time.time())
+        if holding is None:
+            return None, False
+        return holding, await self.release(holding)
+
+    def release_soon(self, holdings: Iterable[Holding]) -> None:
+        for holding in holdings:
+            task = asyncio.create_task(self.release(holding))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def release(self, holding: Holding) -> bool:
+        """Ask the holding's decode engine to free its blocks; False if it could not."""
+        request_ids = holding.request_ids()
+        if not self._releases_enabled or not request_ids:
+            return False
+        body = {
+            "model": holding.model,
+            "prompt": ".",
+            "max_tokens": 1,
+            "kv_transfer_params": {"agentkv_release": request_ids},
+        }
+        try:
+            async with self._http.post(
+                f"{holding.decode_url}/v1/completions", json=body, timeout=self._release_timeout
+            ) as response:
+                released = response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            logger.debug("release on %s failed: %r", holding.decode_url, exc)
+            return False
+        return released
+
+    async def drain(self) -> None:
+        """Wait for background releases (at shutdown)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

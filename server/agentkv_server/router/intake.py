@@ -1,0 +1,232 @@
+"""Reading a client's request: size limit, JSON, required fields, session id, turn hints.
+
+Everything here runs before any engine is contacted, so bad input is refused with a 4xx and
+never reaches one. The parsed request carries a body already stripped of agentkv's own fields
+(docs/protocol.md sections 1-2) and of any client-supplied ``kv_transfer_params``, which only
+the router may set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.requests import Request
+
+from agentkv import protocol
+from agentkv_server.router.errors import RouterError
+
+__all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_request"]
+
+Endpoint = Literal["chat", "completion"]
+
+# Body fields the router consumes; engines never see them.
+_STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, "kv_transfer_params")
+# Client headers worth passing on to engines (an engine started with --api-key checks it).
+_FORWARDED_HEADERS = ("authorization",)
+_TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
+
+
+@dataclass(frozen=True)
+class TurnHints:
+    """What the client told the router about this turn (docs/protocol.md section 2)."""
+
+    turn: int | None = None
+    tool_continuation: bool = False
+    next_turn_seconds: float | None = None
+    session_end: bool = False
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A validated client request, ready to forward."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    session_id: str | None
+    hints: TurnHints
+    headers: dict[str, str]
+
+
+async def read_request(request: Request, endpoint: Endpoint, max_body_bytes: int) -> ClientRequest:
+    """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input."""
+    body = _parse_json(await _read_body(request, max_body_bytes))
+    _check_fields(body, endpoint)
+    hints = _resolve_hints(request.headers, body.get(protocol.BODY_FIELD))
+    session_id = _resolve_session_id(request.headers, body)
+    for name in _STRIPPED_FIELDS:
+        body.pop(name, None)
+    headers = {
+        name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers
+    }
+    return ClientRequest(
+        endpoint=endpoint,
+        body=body,
+        model=body["model"],
+        stream=bool(body.get("stream", False)),
+        session_id=session_id,
+        hints=hints,
+        headers=headers,
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RouterError(400, "Invalid Content-Length header.", code="invalid_request")
+        if int(declared) > limit:
+            raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> RouterError:
+    return RouterError(413, f"Request body exceeds {limit} bytes.", code="request_too_large")
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RouterError(
+            400, f"Request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise RouterError(400, "Request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _missing("model", "a non-empty string")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _missing("messages", "a non-empty list")
+    elif not isinstance(body.get("prompt"), (str, list)) or not body["prompt"]:
+        raise _missing("prompt", "a non-empty string or list")
+    if not isinstance(body.get("stream", False), bool):
+        raise _invalid("stream", "must be a boolean")
+
+
+def _missing(param: str, what: str) -> RouterError:
+    return RouterError(
+        400,
+        f"'{param}' is required and must be {what}.",
+        param=param,
+        code="missing_required_parameter",
+    )
+
+
+def _invalid(param: str, why: str) -> RouterError:
+    return RouterError(400, f"Invalid '{param}': {why}.", param=param, code="invalid_value")
+
+
+def _resolve_session_id(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+    """First match over every convention in docs/protocol.md section 1, then ``agentkv.session_id``."""
+    candidates: list[tuple[str, object]] = [
+        (name, headers[name]) for name in protocol.SESSION_ID_HEADERS if name in headers
+    ]
+    candidates += [(name, body[name]) for name in protocol.SESSION_ID_BODY_FIELDS if name in body]
+    meta = body.get(protocol.BODY_FIELD)
+    if isinstance(meta, dict) and "session_id" in meta:
+        candidates.append((f"{protocol.BODY_FIELD}.session_id", meta["session_id"]))
+    if not candidates:
+        return None
+    source, value = candidates[0]
+    if not isinstance(value, str) or not protocol.is_valid_session_id(value):
+        raise RouterError(
+            400,
+            f"Invalid session id in '{source}': 1-{protocol.SESSION_ID_MAX_LENGTH} characters "
+            "of [A-Za-z0-9._:@/+=-] expected.",
+            param=source,
+            code="invalid_session_id",
+        )
+    return value
+
+
+_HINT_HEADERS = {
+    "turn": protocol.HEADER_TURN,
+    "tool_continuation": protocol.HEADER_TOOL_CONTINUATION,
+    "next_turn_seconds": protocol.HEADER_NEXT_TURN_SECONDS,
+    "session_end": protocol.HEADER_SESSION_END,
+    "version": protocol.HEADER_VERSION,
+}
+
+
+def _resolve_hints(headers: Mapping[str, str], meta: object) -> TurnHints:
+    """Turn hints from headers and the body object; headers win where both are present."""
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise _invalid(protocol.BODY_FIELD, "must be an object")
+    values: dict[str, Any] = {}
+    for name, header in _HINT_HEADERS.items():
+        if header in headers:
+            values[name] = _from_header(name, header, headers[header])
+        elif meta.get(name) is not None:
+            values[name] = _from_body(name, meta[name])
+    return TurnHints(**values)
+
+
+def _from_header(name: str, header: str, raw: str) -> Any:
+    text = raw.strip().lower()
+    try:
+        if name in ("tool_continuation", "session_end"):
+            if text not in _TRUE | _FALSE:
+                raise ValueError(raw)
+            return text in _TRUE
+        if name == "turn":
+            return _check_turn(int(text))
+        if name == "next_turn_seconds":
+            return _check_seconds(float(text))
+    except ValueError:
+        raise _invalid(header, f"cannot read {raw!r}") from None
+    return raw
+
+
+def _from_body(name: str, value: object) -> Any:
+    param = f"{protocol.BODY_FIELD}.{name}"
+    expected: dict[str, type | tuple[type, ...]] = {
+        "turn": int,
+        "tool_continuation": bool,
+        "session_end": bool,
+        "next_turn_seconds": (int, float),
+        "version": str,
+    }
+    wrong_bool = isinstance(value, bool) and name in ("turn", "next_turn_seconds")
+    if not isinstance(value, expected[name]) or wrong_bool:
+        raise _invalid(param, f"unexpected value {value!r}")
+    try:
+        if name == "turn":
+            return _check_turn(value)  # type: ignore[arg-type]
+        if name == "next_turn_seconds":
+            return _check_seconds(float(value))  # type: ignore[arg-type]
+    except ValueError:
+        raise _invalid(param, f"unexpected value {value!r}") from None
+    return value
+
+
+def _check_turn(turn: int) -> int:
+    if turn < 1:
+        raise ValueError(turn)
+    return turn
+
+
+def _check_seconds(seconds: float) -> float:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(seconds)
+    return seconds

@@ -1,0 +1,295 @@
+"""Router overhead benchmark: ``python -m agentkv_server.router.loadtest``.
+
+Measures, on loopback with stub engines (``python -m agentkv_server.testing``) in their own
+process and the router (``agentkv router``) in another:
+
+- ``engine``: a chat request sent straight to a stub engine (the baseline);
+- ``router decode-only``: the same request through a router with no prefill engine (one hop);
+- ``router P/D``: through a router with one prefill and one decode engine (two hops);
+- ``router P/D + session``: the same with a session id per client, so every turn after the
+  first pulls the previous turn's holding and records a new one.
+
+Then the reuse decisions of the default (``agentkv``) policy on multi-turn sessions, over stub
+engines whose model prefills at ``--prefill-us-per-token`` (pulls are free) and the default
+cost-model priors: a long agent history and a short chat.
+
+Latency percentiles at concurrency 1 and throughput at concurrency 1 and 32. The load generator
+is Python (aiohttp, in this process): its own cost is in every row, so compare rows, not
+absolute figures with a C load generator. Not a test: nothing here asserts a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import aiohttp
+
+from agentkv_server.testing.harness import conversation
+
+__all__ = ["LevelResult", "TurnRecord", "main"]
+
+_BODY = {
+    "model": "stub-model",
+    "messages": [
+        {"role": "system", "content": "You are a careful agent. " * 20},
+        {"role": "user", "content": "List the files, then read the largest one."},
+    ],
+    "max_tokens": 4,
+}
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    target: str
+    concurrency: int
+    requests: int
+    errors: int
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+async def drive(
+    url: str, target: str, concurrency: int, total: int, *, sessions: bool = False
+) -> LevelResult:
+    """Send ``total`` requests from ``concurrency`` clients; latencies of the successful ones."""
+    latencies: list[float] = []
+    errors = 0
+    issued = itertools.count()
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def client(worker: int) -> None:
+            nonlocal errors
+            headers = {"x-session-id": f"bench-{worker}"} if sessions else {}
+            while next(issued) < total:
+                began = time.perf_counter()
+                async with http.post(url, json=_BODY, headers=headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+                if ok:
+                    latencies.append(time.perf_counter() - began)
+                else:
+                    errors += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client(worker) for worker in range(concurrency)))
+        seconds = time.perf_counter() - began
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    return LevelResult(
+        target=target,
+        concurrency=concurrency,
+        requests=total,
+        errors=errors,
+        requests_per_s=total / seconds,
+        p50_ms=quantiles[49] * 1000,
+        p99_ms=quantiles[98] * 1000,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], **kwargs) -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(argv, text=True, **kwargs)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+async def _wait_healthy(url: str, deadline_s: float = 30.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/health") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not become healthy")
+
+
+def _router_argv(port: int, secret: str, prefill: list[str], decode: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "agentkv_server.cli", "router", "--port", str(port)]
+    argv += ["--secret", secret, "--decode", *decode, "--log-level", "warning"]
+    return argv + (["--prefill", *prefill] if prefill else [])
+
+
+async def _levels(url: str, target: str, args: argparse.Namespace, **kw) -> list[LevelResult]:
+    await drive(url, target, 4, args.warmup, **kw)
+    return [
+        await drive(url, target, 1, args.requests, **kw),
+        await drive(url, target, 32, args.requests * 4, **kw),
+    ]
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    session: str
+    turn: int
+    prompt_tokens: int
+    path: str
+    reused_tokens: int
+    ms: float
+
+
+async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> list[TurnRecord]:
+    """Drive each session (name -> words of system prompt) for ``turns`` turns."""
+    records = []
+    async with aiohttp.ClientSession() as http:
+        for session, history in sessions.items():
+            for turn in range(1, turns + 1):
+                body = {**_BODY, "messages": conversation(turn, history)}
+                began = time.perf_counter()
+                async with http.post(
+                    f"{router_url}/v1/chat/completions",
+                    json=body,
+                    headers={"x-session-id": session},
+                ) as response:
+                    answer = await response.json()
+                records.append(
+                    TurnRecord(
+                        session,
+                        turn,
+                        answer["usage"]["prompt_tokens"],
+                        response.headers["x-agentkv-kv-path"],
+                        int(response.headers["x-agentkv-reused-tokens"]),
+                        (time.perf_counter() - began) * 1000,
+                    )
+                )
+    return records
+
+
+async def decisions(args: argparse.Namespace) -> list[TurnRecord]:
+    secret = secrets.token_urlsafe(16)
+    port = _free_port()
+    router_url = f"http://127.0.0.1:{port}"
+    stub_argv = [
+        sys.executable,
+        "-m",
+        "agentkv_server.testing",
+        "--engines",
+        "2",
+        "--router-url",
+        router_url,
+        "--secret",
+        secret,
+        "--prefill-us-per-token",
+        str(args.prefill_us_per_token),
+    ]
+    with _process(stub_argv, stdout=subprocess.PIPE) as stubs:
+        assert stubs.stdout is not None
+        prefill_url, decode_url = json.loads(stubs.stdout.readline())
+        with _process(_router_argv(port, secret, [prefill_url], [decode_url])):
+            await _wait_healthy(router_url)
+            return await multi_turn(router_url, {"agent-2k": 2000, "chat-40": 40}, turns=6)
+
+
+async def run(args: argparse.Namespace) -> list[LevelResult]:
+    secret = secrets.token_urlsafe(16)
+    port = _free_port()
+    router_url = f"http://127.0.0.1:{port}"
+    path = "/v1/chat/completions"
+    stub_argv = [
+        sys.executable,
+        "-m",
+        "agentkv_server.testing",
+        "--engines",
+        "2",
+        "--router-url",
+        router_url,
+        "--secret",
+        secret,
+    ]
+    results: list[LevelResult] = []
+    with _process(stub_argv, stdout=subprocess.PIPE) as stubs:
+        assert stubs.stdout is not None
+        prefill_url, decode_url = json.loads(stubs.stdout.readline())
+        results += await _levels(decode_url + path, "engine", args)
+        configurations = [
+            ("router decode-only", [], [False]),
+            ("router P/D", [prefill_url], [False, True]),
+        ]
+        for name, prefill, session_modes in configurations:
+            with _process(_router_argv(port, secret, prefill, [decode_url])):
+                await _wait_healthy(router_url)
+                for sessions in session_modes:
+                    target = name + (" + session" if sessions else "")
+                    results += await _levels(router_url + path, target, args, sessions=sessions)
+    return results
+
+
+def _table(results: list[LevelResult]) -> str:
+    lines = [
+        "| target | concurrency | req/s | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.target} | {r.concurrency} | {r.requests_per_s:.0f} | {r.p50_ms:.2f} | "
+        f"{r.p99_ms:.2f} | {r.errors} |"
+        for r in results
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentkv_server.router.loadtest")
+    parser.add_argument("--requests", type=int, default=1000, help="per level at concurrency 1")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        default=200.0,
+        help="the stub model's prefill cost for the multi-turn decisions",
+    )
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(args))
+    turns = asyncio.run(decisions(args))
+    print(_table(results))
+    baseline = {r.concurrency: r for r in results if r.target == "engine"}
+    for r in results:
+        if r.target != "engine" and r.concurrency == 1:
+            base = baseline[1]
+            print(
+                f"{r.target}: adds {r.p50_ms - base.p50_ms:.2f} ms p50, "
+                f"{r.p99_ms - base.p99_ms:.2f} ms p99 at concurrency 1"
+            )
+    print(
+        "\n| session | turn | prompt tokens | path | reused tokens | ms |\n|---|---|---|---|---|---|"
+    )
+    for t in turns:
+        print(
+            f"| {t.session} | {t.turn} | {t.prompt_tokens} | {t.path} | {t.reused_tokens} | "
+            f"{t.ms:.1f} |"
+        )
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump(
+                {"levels": [asdict(r) for r in results], "turns": [asdict(t) for t in turns]},
+                out,
+                indent=2,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

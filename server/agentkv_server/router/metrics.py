@@ -1,0 +1,76 @@
+"""The router's Prometheus metrics. The names are fixed (dashboards and our checks read them):
+
+- ``agentkv_turns_total{path="reuse|recompute|fallback"}``
+- ``agentkv_reused_tokens_total``, ``agentkv_recomputed_tokens_total``
+- ``agentkv_ttft_seconds{path}`` (histogram: request arrival to the first byte sent back)
+- ``agentkv_sessions_held`` (gauge, refreshed from the session store at each scrape)
+- ``agentkv_engine_errors_total{role="prefill|decode",kind}``
+
+Each app owns a registry, so several routers (tests, replicas in one process) never collide.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["ErrorKind", "KVPath", "RouterMetrics"]
+
+KVPath = Literal["reuse", "recompute", "fallback"]
+ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream"]
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class RouterMetrics:
+    """Counters the orchestrator updates and ``/metrics`` renders."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.turns = Counter(
+            "agentkv_turns_total", "Turns served, by KV path.", ["path"], registry=self.registry
+        )
+        self.reused_tokens = Counter(
+            "agentkv_reused_tokens_total",
+            "Prompt tokens prefill engines pulled from a decode holder instead of computing.",
+            registry=self.registry,
+        )
+        self.recomputed_tokens = Counter(
+            "agentkv_recomputed_tokens_total",
+            "Prompt tokens prefill engines computed.",
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "agentkv_ttft_seconds",
+            "Request arrival to first byte returned, by KV path.",
+            ["path"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.sessions_held = Gauge(
+            "agentkv_sessions_held",
+            "Sessions with KV held on a decode engine.",
+            registry=self.registry,
+        )
+        self.engine_errors = Counter(
+            "agentkv_engine_errors_total",
+            "Failed engine steps, by role and kind.",
+            ["role", "kind"],
+            registry=self.registry,
+        )
+        for path in ("reuse", "recompute", "fallback"):
+            self.turns.labels(path=path)
+
+    def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:
+        self.turns.labels(path=path).inc()
+        self.ttft.labels(path=path).observe(ttft_s)
+        self.reused_tokens.inc(reused)
+        self.recomputed_tokens.inc(recomputed)
+
+    def record_engine_error(self, role: str, kind: ErrorKind) -> None:
+        self.engine_errors.labels(role=role, kind=kind).inc()
+
+    def render(self, sessions_held: int) -> bytes:
+        self.sessions_held.set(sessions_held)
+        return generate_latest(self.registry)

@@ -1,0 +1,145 @@
+"""Engines, their load and health, and the choice of engine for each step.
+
+Load is the number of requests this router has in flight on an engine (a replica sees only its
+own share, which is enough to spread work). Health is passive (a connect failure or timeout marks
+an engine down at once) and active (``HealthMonitor`` probes ``GET /health`` periodically and
+brings engines back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import aiohttp
+
+__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role"]
+
+logger = logging.getLogger(__name__)
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(eq=False)
+class Engine:
+    """One vLLM engine as the router sees it."""
+
+    url: str
+    role: Role
+    healthy: bool = True
+    inflight: int = 0
+    failed_probes: int = 0
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Count a request in flight for the duration of the block."""
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+
+    def snapshot(self) -> dict[str, object]:
+        return {"url": self.url, "healthy": self.healthy, "inflight": self.inflight}
+
+
+class EnginePool:
+    """The engines of one role.
+
+    With ``last_resort``, a pool whose engines all look down still offers them (least loaded
+    first) rather than nothing: health can be wrong (a probe timing out under load), and for
+    decode there is no other way to serve. Prefill has one (decode-only serving), so its pool
+    offers only healthy engines.
+    """
+
+    def __init__(self, role: Role, urls: Iterable[str], *, last_resort: bool = False) -> None:
+        self.role = role
+        self.last_resort = last_resort
+        self.engines = [Engine(url, role) for url in urls]
+        self._by_url = {engine.url: engine for engine in self.engines}
+        self._turn = itertools.count()
+
+    def get(self, url: str) -> Engine | None:
+        return self._by_url.get(url)
+
+    def pick(self, *, prefer: str | None = None, exclude: Iterable[Engine] = ()) -> Engine | None:
+        """The preferred engine if it is usable, else the least loaded healthy one.
+
+        Ties rotate, so an idle pool still spreads requests.
+        """
+        excluded = set(exclude)
+        preferred = self._by_url.get(prefer) if prefer else None
+        if preferred is not None and preferred.healthy and preferred not in excluded:
+            return preferred
+        usable = [e for e in self.engines if e not in excluded]
+        candidates = [e for e in usable if e.healthy] or (usable if self.last_resort else [])
+        if not candidates:
+            return None
+        offset = next(self._turn) % len(candidates)
+        rotated = candidates[offset:] + candidates[:offset]
+        return min(rotated, key=lambda engine: engine.inflight)
+
+    def any_healthy(self) -> bool:
+        return any(engine.healthy for engine in self.engines)
+
+
+class HealthMonitor:
+    """Probes every engine's ``/health`` every ``interval_s`` seconds.
+
+    One good probe brings an engine back; it takes ``failures_to_down`` failed probes in a row to
+    mark one down, so a single slow answer under load does not take an engine out.
+    """
+
+    def __init__(
+        self,
+        pools: Iterable[EnginePool],
+        http: aiohttp.ClientSession,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        failures_to_down: int = 2,
+    ) -> None:
+        self._engines = [engine for pool in pools for engine in pool.engines]
+        self._http = http
+        self._interval_s = interval_s
+        self._failures_to_down = failures_to_down
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self._check(engine) for engine in self._engines))
+
+    async def _check(self, engine: Engine) -> None:
+        try:
+            async with self._http.get(f"{engine.url}/health", timeout=self._timeout) as response:
+                healthy = response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            healthy = False
+        engine.failed_probes = 0 if healthy else engine.failed_probes + 1
+        if not healthy and engine.failed_probes < self._failures_to_down:
+            return
+        if healthy != engine.healthy:
+            logger.warning(
+                "%s engine %s is %s", engine.role, engine.url, "up" if healthy else "down"
+            )
+        engine.healthy = healthy
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="agentkv-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.check_all()

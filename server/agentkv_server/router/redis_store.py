@@ -1,0 +1,140 @@
+"""The session index in Redis, shared by router replicas: turn 1 through one replica and turn 2
+through another still reuse.
+
+Keys (all under the configured prefix):
+  ``h:<session>``  holding JSON, expiring with the holding (PX)
+  ``t:<ticket>``   ticket JSON, expiring after the longest a turn may run
+  ``e:<session>``  wall time the session was ended (tombstone for turns still in flight)
+  ``index``        sorted set session -> expiry, bounding the index: past ``max_sessions`` the
+                   holdings closest to expiry are evicted first
+
+``take`` is GETDEL (atomic: two concurrent turns never both get a holding); ``offer`` is one
+Lua script (compare issue times, honour the tombstone, bound the index). Needs Redis >= 6.2
+and a single-node deployment or one hash slot (the script builds eviction keys itself).
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.asyncio import Redis
+
+from agentkv_server.router.sessions import Clock, Holding, Ticket
+
+__all__ = ["RedisStore"]
+
+_OFFER = """
+local holding_key, ended_key, index_key = KEYS[1], KEYS[2], KEYS[3]
+local value, issued_at, ttl_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local session, expires_at, max_sessions, holding_prefix = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local ended = redis.call('GET', ended_key)
+if ended and tonumber(ended) >= issued_at then return {value} end
+local current = redis.call('GET', holding_key)
+if current and tonumber(cjson.decode(current)['issued_at']) > issued_at then return {value} end
+redis.call('SET', holding_key, value, 'PX', ttl_ms)
+redis.call('ZADD', index_key, expires_at, session)
+local losers = {}
+if current then table.insert(losers, current) end
+local excess = redis.call('ZCARD', index_key) - max_sessions
+if excess > 0 then
+  local victims = redis.call('ZPOPMIN', index_key, excess)
+  for i = 1, #victims, 2 do
+    local evicted = redis.call('GETDEL', holding_prefix .. victims[i])
+    if evicted then table.insert(losers, evicted) end
+  end
+end
+return losers
+"""
+
+
+class RedisStore:
+    """A :class:`~agentkv_server.router.sessions.SessionStore` in Redis."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str,
+        max_sessions: int,
+        ticket_ttl_s: float,
+        clock: Clock = time.time,
+    ) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._max_sessions = max_sessions
+        self._ticket_ttl_ms = max(1, int(ticket_ttl_s * 1000))
+        self._clock = clock
+        self._offer = redis.register_script(_OFFER)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs) -> RedisStore:
+        return cls(Redis.from_url(url), **kwargs)
+
+    def _holding_key(self, session_id: str) -> str:
+        return f"{self._prefix}h:{session_id}"
+
+    @property
+    def _index_key(self) -> str:
+        return f"{self._prefix}index"
+
+    async def take(self, session_id: str) -> Holding | None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.getdel(self._holding_key(session_id))
+            pipe.zrem(self._index_key, session_id)
+            raw, _ = await pipe.execute()
+        return self._live(raw)
+
+    async def offer(self, holding: Holding) -> list[Holding]:
+        ttl_ms = int((holding.expires_at - self._clock()) * 1000)
+        if ttl_ms <= 0:
+            return []
+        raw_losers = await self._offer(
+            keys=[
+                self._holding_key(holding.session_id),
+                f"{self._prefix}e:{holding.session_id}",
+                self._index_key,
+            ],
+            args=[
+                holding.to_json(),
+                repr(holding.issued_at),
+                ttl_ms,
+                holding.session_id,
+                repr(holding.expires_at),
+                self._max_sessions,
+                f"{self._prefix}h:",
+            ],
+        )
+        return [loser for raw in raw_losers if (loser := self._live(raw)) is not None]
+
+    async def end(self, session_id: str, at: float) -> Holding | None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(f"{self._prefix}e:{session_id}", repr(at), px=self._ticket_ttl_ms)
+            pipe.getdel(self._holding_key(session_id))
+            pipe.zrem(self._index_key, session_id)
+            _, raw, _ = await pipe.execute()
+        return self._live(raw)
+
+    async def add_ticket(self, ticket: Ticket) -> None:
+        await self._redis.set(
+            f"{self._prefix}t:{ticket.ticket}", ticket.to_json(), px=self._ticket_ttl_ms
+        )
+
+    async def pop_ticket(self, ticket_id: str) -> Ticket | None:
+        raw = await self._redis.getdel(f"{self._prefix}t:{ticket_id}")
+        return None if raw is None else Ticket.from_json(raw)
+
+    async def count(self) -> int:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zremrangebyscore(self._index_key, "-inf", self._clock())
+            pipe.zcard(self._index_key)
+            _, count = await pipe.execute()
+        return int(count)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    def _live(self, raw: bytes | str | None) -> Holding | None:
+        if raw is None:
+            return None
+        holding = Holding.from_json(raw)
+        return holding if holding.expires_at > self._clock() else None

@@ -1,0 +1,157 @@
+"""Calls to engines over the app's one shared aiohttp session.
+
+aiohttp, not httpx, on the hot path: DESIGN.md section 5 measured httpx collapsing under
+concurrency. Every failure becomes an :class:`EngineFailure` with a kind the metrics count and
+the orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+
+from agentkv_server.router.metrics import ErrorKind
+from agentkv_server.router.placement import Engine
+
+__all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
+
+
+class EngineFailure(Exception):
+    """An engine step that did not produce a usable answer."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        kind: ErrorKind,
+        detail: str,
+        *,
+        status: int | None = None,
+        body: bytes = b"",
+        content_type: str = "application/json",
+    ) -> None:
+        super().__init__(f"{engine.role} engine {engine.url}: {kind}: {detail}")
+        self.engine = engine
+        self.kind = kind
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+    @property
+    def is_client_error(self) -> bool:
+        """The engine refused the request itself (4xx): another engine would refuse it too."""
+        return (
+            self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
+        )
+
+    @property
+    def engine_unreachable(self) -> bool:
+        return self.kind in ("connect", "timeout")
+
+
+async def post_json(
+    http: aiohttp.ClientSession,
+    engine: Engine,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    timeout: aiohttp.ClientTimeout,
+) -> dict[str, Any]:
+    """POST ``body`` and return the engine's JSON object answer."""
+    try:
+        async with http.post(
+            engine.url + path, json=body, headers=headers, timeout=timeout
+        ) as response:
+            raw = await response.read()
+            _raise_for_status(engine, response, raw)
+    except asyncio.TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
+        raise EngineFailure(engine, "timeout", _describe(exc)) from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise EngineFailure(engine, "connect", _describe(exc)) from exc
+    except aiohttp.ClientError as exc:
+        raise EngineFailure(engine, "protocol", str(exc)) from exc
+    try:
+        answer = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EngineFailure(engine, "protocol", f"answer is not JSON: {exc}") from exc
+    if not isinstance(answer, dict):
+        raise EngineFailure(engine, "protocol", "answer is not a JSON object")
+    return answer
+
+
+class DecodeStream:
+    """An engine's streamed answer whose first chunk has already arrived.
+
+    Waiting for the first chunk before answering the client is what lets the router retry a
+    decode that fails early on another engine: nothing has been sent yet.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, first: bytes) -> None:
+        self._response = response
+        self._first = first
+        self.content_type = response.headers.get("content-type", "text/event-stream")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._first
+        async for chunk in self._response.content.iter_any():
+            yield chunk
+
+    def close(self) -> None:
+        self._response.release()
+
+
+async def open_stream(
+    http: aiohttp.ClientSession,
+    engine: Engine,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    *,
+    timeout: aiohttp.ClientTimeout,
+    first_chunk_s: float,
+) -> DecodeStream:
+    """POST a streaming request and wait (at most ``first_chunk_s``) for its first chunk."""
+
+    async def start() -> tuple[aiohttp.ClientResponse, bytes]:
+        response = await http.post(engine.url + path, json=body, headers=headers, timeout=timeout)
+        try:
+            if response.status != 200:
+                _raise_for_status(engine, response, await response.read())
+            return response, await response.content.readany()
+        except BaseException:
+            response.release()
+            raise
+
+    try:
+        response, first = await asyncio.wait_for(start(), first_chunk_s)
+    except asyncio.TimeoutError as exc:
+        detail = str(exc) or f"no first chunk within {first_chunk_s}s"
+        raise EngineFailure(engine, "timeout", detail) from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise EngineFailure(engine, "connect", _describe(exc)) from exc
+    except aiohttp.ClientError as exc:
+        raise EngineFailure(engine, "protocol", str(exc)) from exc
+    if not first:
+        response.release()
+        raise EngineFailure(engine, "stream", "stream ended before its first chunk")
+    return DecodeStream(response, first)
+
+
+def _raise_for_status(engine: Engine, response: aiohttp.ClientResponse, raw: bytes) -> None:
+    if response.status == 200:
+        return
+    raise EngineFailure(
+        engine,
+        "status",
+        f"HTTP {response.status}: {raw[:200]!r}",
+        status=response.status,
+        body=raw,
+        content_type=response.headers.get("content-type", "application/json"),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

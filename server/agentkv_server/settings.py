@@ -1,0 +1,106 @@
+"""One typed settings object for the router, ``agentkv serve`` and the benchmark.
+
+Everything a deployment can tune lives here, grouped in small frozen value objects (timeouts,
+retention, cost model) so that call sites read ``settings.timeouts.prefill_s`` rather than a
+long flat list. Build it in code, from the CLI (``agentkv router``), or from a dict/JSON with
+``Settings.model_validate``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+__all__ = ["CostModelSettings", "PolicyName", "RetentionSettings", "Settings", "Timeouts"]
+
+PolicyName = Literal["agentkv", "upstream", "never"]
+"""``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
+``never``: always recompute (the benchmark's baseline)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Timeouts(_Frozen):
+    """Seconds allowed for each step; a step that runs over counts as an engine failure."""
+
+    connect_s: float = Field(2.0, gt=0, description="TCP connect to an engine")
+    prefill_s: float = Field(120.0, gt=0, description="whole prefill step (P answers max_tokens=1)")
+    first_token_s: float = Field(120.0, gt=0, description="decode step until its first byte")
+    decode_s: float = Field(600.0, gt=0, description="whole decode step, streaming included")
+    health_s: float = Field(2.0, gt=0, description="one GET /health probe")
+    release_s: float = Field(5.0, gt=0, description="a release request to a decode engine")
+
+
+class RetentionSettings(_Frozen):
+    """How long decode engines keep a finished turn's KV for the session's next turn.
+
+    Asked retention = clamp(next_turn_seconds * factor + slack_s, min_s, max_s); ``default_s``
+    when the client gave no prediction (and as the holding's expiry when the engine does not
+    report ``agentkv_expires_in_seconds``).
+    """
+
+    factor: float = Field(2.0, ge=1.0)
+    slack_s: float = Field(10.0, ge=0)
+    min_s: float = Field(5.0, ge=0)
+    max_s: float = Field(600.0, gt=0)
+    default_s: float = Field(120.0, ge=0)
+    safety_margin_s: float = Field(
+        2.0, ge=0, description="subtracted from the engine's expiry: never pull what is leaving"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetentionSettings:
+        if self.min_s > self.max_s:
+            raise ValueError("retention min_s must not exceed max_s")
+        return self
+
+
+class CostModelSettings(_Frozen):
+    """Starting rates of the reuse-vs-recompute model; the router refines them as it measures."""
+
+    prefill_tokens_per_s: float = Field(2000.0, gt=0, description="initial recompute rate")
+    pull_tokens_per_s: float = Field(50000.0, gt=0, description="initial KV pull rate")
+    pull_overhead_s: float = Field(
+        0.05, ge=0, description="fixed cost of a pull (handshake, notification)"
+    )
+    ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of each new measurement")
+    min_sample_tokens: int = Field(32, ge=1, description="smaller steps are too noisy to learn")
+    expiry_guard_s: float = Field(
+        1.0, ge=0, description="reuse only if the holding outlives the predicted pull by this"
+    )
+
+
+class Settings(_Frozen):
+    """Configuration of one router (and of the engines ``agentkv serve`` starts for it)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = Field(..., min_length=1)
+    redis_url: str | None = Field(None, description="shared session store; memory when unset")
+    redis_prefix: str = "agentkv:"
+    policy: PolicyName = "agentkv"
+    secret: SecretStr = Field(
+        default_factory=lambda: SecretStr(secrets.token_urlsafe(24)),
+        description="shared with decode engines' connectors for the holdings report endpoint",
+    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_sessions: int = Field(100_000, gt=0, description="bound of the session index (LRU)")
+    max_connections: int = Field(1000, gt=0, description="upstream connection pool size")
+    decode_attempts: int = Field(2, ge=1, description="decode engines tried before giving up")
+    health_interval_s: float = Field(5.0, gt=0)
+    timeouts: Timeouts = Timeouts()
+    retention: RetentionSettings = RetentionSettings()
+    cost: CostModelSettings = CostModelSettings()
+
+    @field_validator("prefill_urls", "decode_urls")
+    @classmethod
+    def _check_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL must start with http:// or https://: {url!r}")
+        return tuple(url.rstrip("/") for url in urls)

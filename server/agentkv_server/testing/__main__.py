@@ -1,0 +1,47 @@
+"""``python -m agentkv_server.testing``: serve stub engines until interrupted (for load tests).
+
+Prints the engines' URLs as one JSON line once they listen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from agentkv_server.testing.stub_engine import StubCluster, http_reporter
+
+
+async def serve(count: int, router_url: str | None, secret: str, prefill_us: float) -> None:
+    reporter, close = http_reporter(router_url, secret) if router_url else (None, None)
+    cluster = StubCluster(reporter=reporter, prefill_s_per_token=prefill_us / 1e6)
+    try:
+        engines = [await cluster.start() for _ in range(count)]
+        print(json.dumps([engine.url for engine in engines]), flush=True)
+        await asyncio.Event().wait()
+    finally:
+        await cluster.close()
+        if close is not None:
+            await close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m agentkv_server.testing", description=__doc__)
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--router-url", help="where ticketed requests report their holdings")
+    parser.add_argument("--secret", default="", help="the router's x-agentkv-secret")
+    parser.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        default=0.0,
+        help="the stub model's prefill cost (pulls are free)",
+    )
+    args = parser.parse_args()
+    try:
+        asyncio.run(serve(args.engines, args.router_url, args.secret, args.prefill_us_per_token))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

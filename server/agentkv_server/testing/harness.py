@@ -1,0 +1,131 @@
+"""A router app driven in-process (``httpx.ASGITransport``) in front of stub engines.
+
+What unit tests, Redis tests and quick experiments share: start a :class:`StubCluster`'s
+engines, build the app from :class:`~agentkv_server.settings.Settings`, run its lifespan, and
+wire the engines' holding reports back into the app like a real connector would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentkv_server.router.app import HEADER_SECRET, REPORT_PATH, RouterState, create_app
+from agentkv_server.settings import Settings
+from agentkv_server.testing.stub_engine import StubCluster, StubEngine
+
+if TYPE_CHECKING:
+    import httpx
+    from fastapi import FastAPI
+
+__all__ = ["InProcessRouter", "conversation", "in_process_router", "words"]
+
+
+def words(n: int, tag: str = "x") -> str:
+    """``n`` stub tokens."""
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def conversation(turns: int, history_words: int) -> list[dict[str, Any]]:
+    """An agent's chat history at turn ``turns``: a long system prompt, then user/assistant."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": words(history_words, "s")}]
+    for turn in range(turns):
+        if turn:
+            messages.append({"role": "assistant", "content": "w0 w1 w2 w3"})
+        messages.append({"role": "user", "content": f"question {turn}"})
+    return messages
+
+
+@dataclass
+class InProcessRouter:
+    """One router app, a client bound to it, and the stub engines behind it."""
+
+    app: FastAPI
+    client: httpx.AsyncClient
+    cluster: StubCluster
+    prefill: list[StubEngine]
+    decode: list[StubEngine]
+    secret: str
+
+    @property
+    def state(self) -> RouterState:
+        return self.app.state.router
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        session: str | None = None,
+        headers: dict[str, str] | None = None,
+        **body: Any,
+    ) -> httpx.Response:
+        """One chat turn; returns once the engines' holding reports are in."""
+        all_headers = {"x-session-id": session} if session else {}
+        all_headers.update(headers or {})
+        payload = {"model": self.cluster.model, "messages": messages, "max_tokens": 4, **body}
+        response = await self.client.post("/v1/chat/completions", json=payload, headers=all_headers)
+        await self.cluster.flush_reports()
+        return response
+
+    async def report(self, payload: dict[str, Any]) -> None:
+        """Deliver a stub engine's holding report to this app, as a connector would."""
+        response = await self.client.post(
+            REPORT_PATH, json=payload, headers={HEADER_SECRET: self.secret}
+        )
+        response.raise_for_status()
+
+    async def metric(self, name: str) -> float:
+        """Sum of a metric's samples (all label values) in ``/metrics``."""
+        text = (await self.client.get("/metrics")).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + " ", name + "{"))
+        )
+
+    def engine_requests(self) -> int:
+        return sum(len(engine.requests) for engine in self.cluster.engines)
+
+
+@contextlib.asynccontextmanager
+async def in_process_router(
+    cluster: StubCluster,
+    *,
+    n_prefill: int = 1,
+    n_decode: int = 1,
+    engines: tuple[list[StubEngine], list[StubEngine]] | None = None,
+    **settings: Any,
+) -> AsyncIterator[InProcessRouter]:
+    """Start engines in ``cluster`` (or use ``engines``) and a router app in front of them.
+
+    ``settings`` are :class:`Settings` fields. The cluster's reporter is pointed at this app.
+    """
+    import httpx
+
+    if engines is None:
+        engines = (
+            [await cluster.start(f"p{i}") for i in range(n_prefill)],
+            [await cluster.start(f"d{i}") for i in range(n_decode)],
+        )
+    prefill, decode = engines
+    options: dict[str, Any] = {"health_interval_s": 3600.0} | settings
+    config = Settings(
+        prefill_urls=tuple(e.url for e in prefill),
+        decode_urls=tuple(e.url for e in decode),
+        **options,
+    )
+    app = create_app(config)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://router"
+        ) as client,
+    ):
+        router = InProcessRouter(
+            app, client, cluster, prefill, decode, config.secret.get_secret_value()
+        )
+        if cluster.reporter is None:
+            cluster.reporter = router.report
+        yield router

@@ -1,0 +1,417 @@
+"""A stub vLLM engine on a loopback port: OpenAI API plus the kv_transfer_params protocol.
+
+It behaves like a bidirectional NixlConnector engine with agentkv's connector, minus the model:
+
+- a prefill step (``do_remote_decode: true``) answers one token and params a decode engine can
+  pull; when the params name a holder (``remote_engine_id``, ``remote_request_id``) it "pulls"
+  the holder's retained KV from the :class:`StubCluster` (standing in for NIXL), reporting the
+  pulled tokens as ``usage.prompt_tokens_details.cached_tokens``; a holder that is gone or
+  expired means a silent recompute (``kv_load_failure_policy: recompute``);
+- a decode step generates ``max_tokens`` words (streamed or not), retains the request's KV for
+  ``agentkv_retention_seconds`` (upstream's 480 s without it), returns the holding params with
+  ``agentkv_expires_in_seconds``, and reports them through the cluster's reporter when the
+  request carried an ``agentkv_ticket``;
+- ``agentkv_release`` frees retained requests at once.
+
+A token is one whitespace-separated word (chat: every message's content plus two per message
+for the template). Every request is recorded for assertions; faults can be queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Fault",
+    "RecordedRequest",
+    "Reporter",
+    "Retained",
+    "StubCluster",
+    "StubEngine",
+    "count_prompt_tokens",
+    "http_reporter",
+]
+
+Reporter = Callable[[dict[str, Any]], Awaitable[None]]
+"""Receives ``{"ticket": str, "kv_transfer_params": dict}`` when a ticketed request finishes."""
+
+Fault = Literal["error", "bad_request", "disconnect", "hang"]
+"""What the next completion request suffers: HTTP 500, HTTP 400, a dropped connection, or no
+answer at all (until the client gives up)."""
+
+UPSTREAM_RETENTION_S = 480.0
+_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    @property
+    def kv_params(self) -> dict[str, Any]:
+        return self.body.get("kv_transfer_params") or {}
+
+    @property
+    def is_prefill(self) -> bool:
+        return bool(self.kv_params.get("do_remote_decode"))
+
+
+@dataclass
+class Retained:
+    """KV a decode engine keeps after a request finished."""
+
+    num_tokens: int
+    deadline: float
+
+    def alive(self) -> bool:
+        return time.monotonic() < self.deadline
+
+
+@dataclass(eq=False)
+class StubEngine:
+    """One stub engine. Start it through :meth:`StubCluster.start`."""
+
+    cluster: StubCluster
+    name: str
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    healthy: bool = True
+    report_cached_tokens: bool = True
+    delay_s: float = 0.0
+    requests: list[RecordedRequest] = field(default_factory=list)
+    retained: dict[str, Retained] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+    pulled: list[tuple[str, str, int]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+    _reports: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    def completions(self) -> list[RecordedRequest]:
+        """Recorded completion requests, releases excluded."""
+        return [
+            r
+            for r in self.requests
+            if r.path.endswith("completions") and "agentkv_release" not in r.kv_params
+        ]
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/v1/chat/completions", self._completion)
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port or self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop serving (the port closes; a cluster peer can no longer pull from it)."""
+        await self.flush_reports()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def flush_reports(self) -> None:
+        """Wait until every holding report this engine started has been delivered."""
+        while self._reports:
+            await asyncio.gather(*list(self._reports), return_exceptions=True)
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({}, status=200 if self.healthy else 503)
+
+    async def _models(self, _: web.Request) -> web.Response:
+        model = {"id": self.cluster.model, "object": "model", "owned_by": "agentkv-stub"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        if self.faults:
+            faulted = await self._suffer(self.faults.pop(0), request)
+            if faulted is not None:
+                return faulted
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        params = body.get("kv_transfer_params") or {}
+        if "agentkv_release" in params:
+            return self._release(params["agentkv_release"], body)
+        if params.get("do_remote_decode"):
+            return await self._prefill(body, params)
+        return await self._decode(request, body, params)
+
+    async def _suffer(self, fault: Fault, request: web.Request) -> web.StreamResponse | None:
+        if fault == "error":
+            return _error(500, "injected engine failure")
+        if fault == "bad_request":
+            return _error(400, "injected bad request")
+        if fault == "disconnect":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)
+        await asyncio.sleep(3600)  # "hang": the client's timeout ends it
+        return None
+
+    def _release(self, request_ids: list[str], body: dict[str, Any]) -> web.Response:
+        for request_id in request_ids:
+            if self.retained.pop(request_id, None) is not None:
+                self.released.append(request_id)
+        return web.json_response(_completion_body(body, "", 1, 1, None))
+
+    async def _compute(self, tokens: int) -> None:
+        """Spend the time the cluster's model takes to prefill ``tokens``."""
+        if self.cluster.prefill_s_per_token and tokens > 0:
+            await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
+
+    async def _prefill(self, body: dict[str, Any], params: dict[str, Any]) -> web.Response:
+        prompt_tokens = count_prompt_tokens(body)
+        cached = min(self._pull(params), prompt_tokens)
+        await self._compute(prompt_tokens - cached)
+        request_id = f"p-{uuid.uuid4().hex}"
+        answer = _completion_body(
+            body, "tok", prompt_tokens, 1, cached if self.report_cached_tokens else None
+        )
+        answer["kv_transfer_params"] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": request_id,
+            "remote_block_ids": list(range(-(-prompt_tokens // _BLOCK_TOKENS))),
+            "remote_host": "127.0.0.1",
+            "remote_port": self.port,
+            "tp_size": 1,
+        }
+        return web.json_response(answer)
+
+    def _pull(self, params: dict[str, Any]) -> int:
+        """Tokens pulled from the holder the params name; 0 (recompute) when it is gone."""
+        holder = self.cluster.by_engine_id(params.get("remote_engine_id"))
+        request_id = params.get("remote_request_id")
+        if holder is None or not holder.running or not isinstance(request_id, str):
+            return 0
+        entry = holder.retained.pop(request_id, None)
+        if entry is None or not entry.alive():
+            return 0
+        self.pulled.append((holder.engine_id, request_id, entry.num_tokens))
+        return entry.num_tokens
+
+    async def _decode(
+        self, request: web.Request, body: dict[str, Any], params: dict[str, Any]
+    ) -> web.StreamResponse:
+        prompt_tokens = count_prompt_tokens(body)
+        if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
+            await self._compute(prompt_tokens)
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 8)
+        holding = self._retain(params, prompt_tokens + n)
+        ticket = params.get("agentkv_ticket")
+        if body.get("stream"):
+            response = await self._stream(request, body, n)
+        else:
+            answer = _completion_body(body, _words(n), prompt_tokens, n, None)
+            answer["kv_transfer_params"] = holding
+            response = web.json_response(answer)
+        if ticket and holding is not None:
+            self._report({"ticket": ticket, "kv_transfer_params": holding})
+        return response
+
+    def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
+        retention = params.get("agentkv_retention_seconds")
+        if retention is None:
+            retention = UPSTREAM_RETENTION_S if params.get("do_remote_prefill") else 0.0
+        if retention <= 0:
+            return None
+        request_id = f"d-{uuid.uuid4().hex}"
+        self.retained[request_id] = Retained(num_tokens, time.monotonic() + retention)
+        holding = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": request_id,
+            "remote_block_ids": list(range(-(-num_tokens // _BLOCK_TOKENS))),
+            "remote_host": "127.0.0.1",
+            "remote_port": self.port,
+            "remote_num_tokens": num_tokens,
+            "remote_blocks_expiry_time": time.perf_counter() + retention,
+        }
+        if "agentkv_retention_seconds" in params:
+            holding["agentkv_expires_in_seconds"] = float(retention)
+        return holding
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], n: int
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(n):
+            chunk = _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _report(self, payload: dict[str, Any]) -> None:
+        reporter = self.cluster.reporter
+        if reporter is None:
+            return
+        task = asyncio.create_task(_deliver(reporter, payload))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+
+class StubCluster:
+    """Stub engines that can pull each other's retained KV, as NIXL peers would.
+
+    ``prefill_s_per_token`` is the stub model's prefill cost (engines sleep for it); pulls are
+    free, so with a cost the router's cost model has something to learn.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str = "stub-model",
+        reporter: Reporter | None = None,
+        prefill_s_per_token: float = 0.0,
+    ) -> None:
+        self.model = model
+        self.reporter = reporter
+        self.prefill_s_per_token = prefill_s_per_token
+        self.engines: list[StubEngine] = []
+        self._names = itertools.count()
+
+    async def start(self, name: str | None = None, **options: Any) -> StubEngine:
+        engine = StubEngine(self, name or f"engine-{next(self._names)}", **options)
+        await engine.start()
+        self.engines.append(engine)
+        return engine
+
+    def by_engine_id(self, engine_id: object) -> StubEngine | None:
+        return next((e for e in self.engines if e.engine_id == engine_id), None)
+
+    async def flush_reports(self) -> None:
+        await asyncio.gather(*(engine.flush_reports() for engine in self.engines))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(engine.stop() for engine in self.engines))
+
+
+def http_reporter(router_url: str, secret: str) -> tuple[Reporter, Callable[[], Awaitable[None]]]:
+    """A reporter that POSTs to a router over HTTP, and the coroutine function that closes it."""
+    session: aiohttp.ClientSession | None = None
+
+    async def report(payload: dict[str, Any]) -> None:
+        nonlocal session
+        session = session or aiohttp.ClientSession()
+        async with session.post(
+            f"{router_url.rstrip('/')}/internal/v1/kv-holdings",
+            json=payload,
+            headers={"x-agentkv-secret": secret},
+        ) as response:
+            response.raise_for_status()
+
+    async def close() -> None:
+        if session is not None:
+            await session.close()
+
+    return report, close
+
+
+async def _deliver(reporter: Reporter, payload: dict[str, Any]) -> None:
+    """A report that fails is lost, as with a real connector: the router then has no holding."""
+    try:
+        await reporter(payload)
+    except Exception as exc:  # noqa: BLE001 - any failure of the reporter means the same
+        logger.debug("holding report failed: %r", exc)
+
+
+def count_prompt_tokens(body: dict[str, Any]) -> int:
+    """The stub's tokenizer: words, plus two per chat message for the template."""
+    if "messages" in body:
+        return sum(2 + len(str(m.get("content") or "").split()) for m in body["messages"])
+    prompt = body.get("prompt", "")
+    return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+
+def _words(n: int) -> str:
+    return "".join(f"w{index} " for index in range(n))
+
+
+def _completion_body(
+    body: dict[str, Any], text: str, prompt_tokens: int, completion_tokens: int, cached: int | None
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    if "messages" in body:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice, kind, prefix = (
+            {"index": 0, "text": text, "logprobs": None},
+            "text_completion",
+            "cmpl",
+        )
+    choice["finish_reason"] = "length"
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def _stream_chunk(body: dict[str, Any], text: str, finish_reason: str | None) -> dict[str, Any]:
+    if "messages" in body:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
+        kind = "chat.completion.chunk"
+    else:
+        choice, kind = {"index": 0, "text": text, "logprobs": None}, "text_completion"
+    choice["finish_reason"] = finish_reason
+    return {
+        "id": "stream",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [choice],
+    }
+
+
+def _error(status: int, message: str) -> web.Response:
+    error = {
+        "message": message,
+        "type": "BadRequestError" if status < 500 else "InternalServerError",
+        "param": None,
+        "code": status,
+    }
+    return web.json_response({"error": error}, status=status)

@@ -1,0 +1,36 @@
+"""Router apps driven in-process in front of stub engines on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from agentkv_server.testing import StubCluster
+from agentkv_server.testing.harness import InProcessRouter, in_process_router
+
+SECRET = "test-secret"
+# The stub model prefills at 100 us/token and pulls for free; a prior pull overhead of 5 ms
+# (instead of the 50 ms default, sized for real engines) lets a 500-token history be pulled.
+STUB_PREFILL_S_PER_TOKEN = 1e-4
+STUB_COST = {"pull_overhead_s": 0.005}
+
+MakeRouter = Callable[..., Awaitable[InProcessRouter]]
+
+
+@pytest.fixture
+async def make_router() -> AsyncIterator[MakeRouter]:
+    """``await make_router(n_prefill=1, n_decode=1, **settings)``: a router over new stubs."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def make(n_prefill: int = 1, n_decode: int = 1, **settings: Any) -> InProcessRouter:
+            cluster = StubCluster(prefill_s_per_token=STUB_PREFILL_S_PER_TOKEN)
+            stack.push_async_callback(cluster.close)
+            options = {"secret": SECRET, "cost": STUB_COST} | settings
+            return await stack.enter_async_context(
+                in_process_router(cluster, n_prefill=n_prefill, n_decode=n_decode, **options)
+            )
+
+        yield make

@@ -1,0 +1,210 @@
+"""Faults: the client sees an error only when no engine can serve the request."""
+
+from __future__ import annotations
+
+from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
+from agentkv_server.testing import InProcessRouter, conversation
+
+
+async def mark_down(router: InProcessRouter) -> None:
+    """Probe until engines that answer /health badly are marked down."""
+    for _ in range(2):
+        await router.state.health.check_all()
+
+
+async def test_holder_gone_means_recompute_on_another_decode_engine(make_router):
+    router = await make_router(n_decode=2)
+    await router.chat(conversation(1, 500), session="s1")
+    holder, other = router.decode if router.decode[0].retained else router.decode[::-1]
+    await holder.stop()
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert response.headers["x-agentkv-reused-tokens"] == "0"
+    assert len(other.completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="connect",role="decode"}') == 1
+
+
+async def test_holder_known_down_is_not_asked_for_a_pull(make_router):
+    router = await make_router(n_decode=2)
+    await router.chat(conversation(1, 500), session="s1")
+    holder = next(engine for engine in router.decode if engine.retained)
+    holder.healthy = False
+    await mark_down(router)
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert len(holder.completions()) == 1
+
+
+async def test_held_kv_that_vanished_is_a_fallback(make_router):
+    router = await make_router()
+    await router.chat(conversation(1, 500), session="s1")
+    router.decode[0].retained.clear()  # expired or freed on the engine
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert response.headers["x-agentkv-reused-tokens"] == "0"
+    assert router.prefill[0].completions()[-1].kv_params["remote_engine_id"] is not None
+
+
+async def test_failed_pull_step_is_retried_cold(make_router):
+    router = await make_router()
+    await router.chat(conversation(1, 500), session="s1")
+    router.prefill[0].faults.append("error")
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    pull, cold = router.prefill[0].completions()[-2:]
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+
+
+async def test_unreachable_prefill_engine_is_replaced_by_another(make_router):
+    router = await make_router(n_prefill=2)
+    down, up = router.prefill
+    await down.stop()
+
+    for _ in range(3):
+        response = await router.chat(conversation(1, 100))
+        assert response.status_code == 200
+
+    assert len(up.completions()) == 3
+    assert router.state.prefill.engines[0].healthy is False
+    assert await router.metric('agentkv_engine_errors_total{kind="connect",role="prefill"}') == 1
+
+
+async def test_stalled_prefill_engine_times_out_and_another_serves(make_router):
+    router = await make_router(n_prefill=2, timeouts={"prefill_s": 0.3})
+    router.prefill[0].faults.append("hang")
+
+    response = await router.chat(conversation(1, 100))
+
+    assert response.status_code == 200
+    assert len(router.prefill[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="timeout",role="prefill"}') == 1
+
+
+async def test_no_prefill_engine_means_decode_only_serving(make_router):
+    router = await make_router()
+    await router.chat(conversation(1, 500), session="s1")
+    await router.prefill[0].stop()
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"  # a reuse was planned
+    decode = router.decode[0].completions()[-1]
+    assert "do_remote_prefill" not in decode.kv_params
+    assert decode.kv_params["agentkv_ticket"]
+
+
+async def test_router_without_prefill_engines_serves_decode_only(make_router):
+    router = await make_router(n_prefill=0)
+    response = await router.chat(conversation(1, 50), stream=True)
+    assert response.status_code == 200
+    assert response.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_decode_failure_before_first_token_is_retried_elsewhere(make_router):
+    router = await make_router(n_decode=2)
+    router.decode[0].faults.append("disconnect")
+
+    response = await router.chat(conversation(1, 50), stream=True)
+
+    assert response.status_code == 200
+    assert response.text.rstrip().endswith("data: [DONE]")
+    assert len(router.decode[1].completions()) == 1
+    assert router.state.decode.engines[0].healthy is False  # until the next health check
+
+
+async def test_client_gets_an_error_only_when_every_decode_engine_failed(make_router):
+    router = await make_router(n_decode=2)
+    router.decode[0].faults.append("error")
+    router.decode[1].faults.append("error")
+
+    response = await router.chat(conversation(1, 50), stream=True)
+
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "engine_failure"
+
+
+async def test_non_streamed_decode_failure_is_retried_elsewhere(make_router):
+    router = await make_router(n_decode=2)
+    router.decode[0].faults.append("error")
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 200
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="status",role="decode"}') == 1
+
+
+async def test_engine_refusal_is_passed_back_without_retry(make_router):
+    router = await make_router(n_decode=2)
+    router.decode[0].faults.append("bad_request")
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "injected bad request"
+    assert router.decode[1].completions() == []
+
+
+async def test_prefill_refusal_never_reaches_decode(make_router):
+    router = await make_router()
+    router.prefill[0].faults.append("bad_request")
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 400
+    assert router.decode[0].completions() == []
+
+
+async def test_decode_engine_marked_down_is_still_tried_as_a_last_resort(make_router):
+    router = await make_router()
+    router.decode[0].healthy = False
+    await mark_down(router)
+    assert (await router.client.get("/health")).json()["status"] == "unavailable"
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 200
+
+
+async def test_no_decode_engine_answering_is_an_openai_error(make_router):
+    router = await make_router()
+    await router.decode[0].stop()
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 502
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_one_failed_probe_does_not_take_an_engine_out(make_router):
+    router = await make_router()
+    router.decode[0].healthy = False
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy is True
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy is False
+
+
+async def test_health_checks_bring_engines_back(make_router):
+    router = await make_router(n_prefill=2)
+    router.prefill[1].healthy = False
+    await mark_down(router)
+    health = (await router.client.get("/health")).json()
+    assert health["status"] == "degraded"
+    assert [engine["healthy"] for engine in health["prefill"]] == [True, False]
+
+    router.prefill[1].healthy = True
+    await router.state.health.check_all()
+    assert (await router.client.get("/health")).json()["status"] == "ok"
