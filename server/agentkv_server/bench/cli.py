@@ -1,0 +1,359 @@
+"""``agentkv bench``: run the multi-turn agent workload against every serving mode, side by side.
+
+Three ways to point it at engines:
+  (default)                  start a prefill and a decode engine on this machine (CPU) and run
+                             each mode's router in front of them;
+  --prefill-url/--decode-url engines already running (e.g. on GPUs): bench runs the routers;
+  --base-url [MODE=]URL      endpoints already running as they are (a router, or an engine for
+                             ``aggregated``): bench only sends traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from agentkv_server.bench.modes import MODES, Deployment, ModeName, parse_base_urls, serve_mode
+from agentkv_server.bench.records import BenchResult, TurnRecord
+from agentkv_server.bench.report import MARKDOWN_NAME, write_report
+from agentkv_server.bench.runner import Runner, Target
+from agentkv_server.bench.workload import (
+    PRESETS,
+    Preset,
+    TextTokenizer,
+    ToolLatency,
+    Workload,
+    load_tokenizer,
+)
+from agentkv_server.errors import AgentKVServerError, ConfigError
+
+__all__ = ["configure", "run"]
+
+# Long enough a history that the agentkv router pulls it on the later turns.
+_WARM_UP = Workload(sessions=1, turns=3, history_tokens=(512,), new_tokens=16, output_tokens=4)
+_WARM_UP_VIA: tuple[ModeName, ...] = ("agentkv", "recompute", "aggregated")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = __doc__
+    shape = parser.add_argument_group("workload (overrides the preset's values)")
+    shape.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="cpu",
+        help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()),
+    )
+    shape.add_argument(
+        "--quick",
+        action="store_const",
+        const="quick",
+        dest="preset",
+        help="same as --preset quick (CI smoke test)",
+    )
+    shape.add_argument("--sessions", type=int)
+    shape.add_argument("--turns", type=int)
+    shape.add_argument(
+        "--history-tokens",
+        type=_int_list,
+        metavar="N[,N...]",
+        help="initial history lengths to sweep",
+    )
+    shape.add_argument("--new-tokens", type=int, help="fresh input per turn (tool result, user)")
+    shape.add_argument("--output-tokens", type=int, help="generated tokens per turn")
+    shape.add_argument(
+        "--tool-latency",
+        type=_tool_latency,
+        metavar="KIND:SECONDS",
+        help="seconds between turns: fixed, exponential, lognormal or uniform",
+    )
+    shape.add_argument("--concurrency", type=int, help="sessions active at once")
+    shape.add_argument("--repeats", type=int, help="runs of the whole workload per mode")
+    shape.add_argument("--seed", type=int)
+    where = parser.add_argument_group("engines")
+    where.add_argument(
+        "--modes",
+        type=_mode_list,
+        default=MODES,
+        metavar="MODE[,MODE...]",
+        help=f"modes to measure, in this order (default: {','.join(MODES)})",
+    )
+    where.add_argument(
+        "--model",
+        help="local stack: model preset or directory; "
+        "external engines: served model name (default: asked from the engine)",
+    )
+    where.add_argument("--prefill-url", action="append", default=[], metavar="URL")
+    where.add_argument("--decode-url", action="append", default=[], metavar="URL")
+    where.add_argument(
+        "--aggregated-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="engine(s) for mode aggregated (default: the decode engines)",
+    )
+    where.add_argument(
+        "--router-port",
+        type=int,
+        default=8000,
+        help="port of bench's routers: the decode engines' agentkv_router_url",
+    )
+    where.add_argument(
+        "--secret",
+        default=os.environ.get("AGENTKV_SECRET"),
+        help="the decode engines' agentkv_secret (default: $AGENTKV_SECRET)",
+    )
+    where.add_argument(
+        "--base-url",
+        action="append",
+        default=[],
+        metavar="[MODE=]URL",
+        help="measure a running endpoint as it is (repeat for several modes)",
+    )
+    where.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="decode engines' /metrics for KV memory, with --base-url",
+    )
+    where.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json or model directory used to "
+        "size prompts (default: the local model's; else one token per word)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, help="output directory (default: bench-results/<time>)")
+    out.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="only render the report of an earlier run's results.json",
+    )
+    out.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    out_dir = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        if args.from_json:
+            result = BenchResult.from_dict(json.loads(args.from_json.read_text()))
+        else:
+            result = _measure(args, _plan(args), out_dir)
+    except AgentKVServerError as exc:  # engines that would not start, bad options: no traceback
+        print(f"agentkv bench: {exc}", file=sys.stderr)
+        return 2
+    write_report(result, out_dir)
+    print((out_dir / MARKDOWN_NAME).read_text())
+    print(f"results: {out_dir.resolve()}", file=sys.stderr)
+    failed = sum(not r.ok for r in result.records)
+    if failed:
+        print(f"{failed} turn(s) failed; see 'error' in results.json", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _plan(args: argparse.Namespace) -> Preset:
+    return PRESETS[args.preset].with_overrides(
+        sessions=args.sessions,
+        turns=args.turns,
+        history_tokens=args.history_tokens,
+        new_tokens=args.new_tokens,
+        output_tokens=args.output_tokens,
+        tool_latency=args.tool_latency,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+
+
+OpenTarget = Callable[[ModeName], contextlib.AbstractAsyncContextManager[Target]]
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a run measures: the modes, how to open each one's endpoint, and for the report."""
+
+    modes: tuple[ModeName, ...]
+    open_target: OpenTarget
+    model: str
+    tokenizer: TextTokenizer
+    description: str
+
+
+def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResult:
+    started = time.time()
+    with _setup(args, plan, out_dir) as setup:
+        total = len(setup.modes) * plan.repeats * _turns_per_repeat(plan.workload)
+        with tqdm(total=total, unit="turn", file=sys.stderr, disable=args.no_progress) as bar:
+            runner = Runner(
+                plan.workload,
+                setup.tokenizer,
+                on_turn=lambda _: bar.update(),
+                request_timeout_s=args.request_timeout,
+            )
+            records = asyncio.run(_run_modes(setup, plan.repeats, runner, bar))
+    config = {
+        "command": _command_line(),
+        "preset": args.preset,
+        "workload": json.loads(json.dumps(asdict(plan.workload), default=str)),
+        "workload_text": _describe_workload(plan.workload),
+        "repeats": plan.repeats,
+        "modes": list(setup.modes),
+        "model": setup.model,
+        "deployment": setup.description,
+        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+    }
+    return BenchResult(config, tuple(records))
+
+
+async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> list[TurnRecord]:
+    salt = uuid.uuid4().hex[:8]  # a fresh prefix for every run: no cache hit from an earlier one
+    await _warm_up(runner, setup, salt)
+    records: list[TurnRecord] = []
+    for mode in setup.modes:
+        for repeat in range(repeats):
+            bar.set_description(f"{mode} {repeat + 1}/{repeats}")
+            async with setup.open_target(mode) as target:
+                records += await runner.run(target, repeat, salt)
+    return records
+
+
+async def _warm_up(runner: Runner, setup: _Setup, salt: str) -> None:
+    """One short session before measuring, not recorded: first requests on fresh engines pay
+    one-off costs (the first NIXL handshake in each direction among them). It goes through the
+    first of ``_WARM_UP_VIA`` measured: never ``upstream``, whose engines would then retain the
+    session's KV for 480 s while the other modes run."""
+    mode = next((m for m in _WARM_UP_VIA if m in setup.modes), None)
+    if mode is None:
+        return
+    warm = Runner(_WARM_UP, runner.tokenizer, request_timeout_s=runner.request_timeout_s)
+    async with setup.open_target(mode) as target:
+        await warm.run(target, repeat=-1, salt=f"warm-{salt}")
+
+
+@contextlib.contextmanager
+def _setup(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Iterator[_Setup]:
+    if args.base_url:
+        yield _given_endpoints(args)
+        return
+    with _deployment(args, plan, out_dir) as (deployment, tokenizer):
+
+        def routed(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
+            return serve_mode(mode, deployment)
+
+        description = (
+            f"prefill {list(deployment.prefill_urls)}, decode {list(deployment.decode_urls)}, "
+            f"aggregated {list(deployment.aggregated_urls)}"
+        )
+        yield _Setup(tuple(args.modes), routed, deployment.model, tokenizer, description)
+
+
+def _given_endpoints(args: argparse.Namespace) -> _Setup:
+    urls = parse_base_urls(args.base_url, tuple(args.modes))
+    model = args.model or _served_model(next(iter(urls.values()))[0])
+
+    @contextlib.asynccontextmanager
+    async def given(mode: ModeName) -> AsyncIterator[Target]:
+        yield Target(mode, urls[mode], model, tuple(args.metrics_url), mode != "aggregated")
+
+    modes = tuple(mode for mode in args.modes if mode in urls)
+    return _Setup(modes, given, model, load_tokenizer(args.tokenizer), f"running endpoints {urls}")
+
+
+@contextlib.contextmanager
+def _deployment(
+    args: argparse.Namespace, plan: Preset, out_dir: Path
+) -> Iterator[tuple[Deployment, TextTokenizer]]:
+    if args.decode_url:
+        if not args.secret:
+            raise ConfigError("--decode-url needs --secret (the engines' agentkv_secret)")
+        model = args.model or _served_model(args.decode_url[0])
+        yield (
+            Deployment(
+                model=model,
+                prefill_urls=tuple(args.prefill_url),
+                decode_urls=tuple(args.decode_url),
+                aggregated_urls=tuple(args.aggregated_url or args.decode_url),
+                router_port=args.router_port,
+                secret=args.secret,
+            ),
+            load_tokenizer(args.tokenizer),
+        )
+        return
+    from agentkv_server.bench.engines import local_engines
+
+    model = args.model or plan.model
+    print(f"starting a prefill and a decode engine ({model}); logs in {out_dir}", file=sys.stderr)
+    with local_engines(model, out_dir) as (deployment, model_dir):
+        yield deployment, load_tokenizer(args.tokenizer or model_dir)
+
+
+def _served_model(url: str) -> str:
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0)
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"cannot ask {url} for its model ({exc}); pass --model") from None
+
+
+def _turns_per_repeat(workload: Workload) -> int:
+    return workload.sessions * workload.turns * len(workload.history_tokens)
+
+
+def _describe_workload(w: Workload) -> str:
+    return (
+        f"{w.sessions} sessions x {w.turns} turns per history length "
+        f"{', '.join(map(str, w.history_tokens))} tokens; {w.new_tokens} new and {w.output_tokens} "
+        f"output tokens per turn; tool latency {w.tool_latency}; concurrency {w.concurrency}"
+    )
+
+
+def _command_line() -> str:
+    """The command as typed, when this process is ``agentkv bench ...``."""
+    args = sys.argv[1:]
+    return shlex.join(["agentkv", *args]) if args[:1] == ["bench"] else "agentkv bench"
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+
+
+def _tool_latency(text: str) -> ToolLatency:
+    try:
+        return ToolLatency.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _mode_list(text: str) -> tuple[str, ...]:
+    modes = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}"
+        )
+    return modes

@@ -1,0 +1,139 @@
+"""The four serving modes and how each is put in front of the engines.
+
+- ``recompute``: the router with the always-recompute policy before the P/D engines;
+- ``upstream``: the router imitating vLLM's example proxy (64-token threshold, engines' fixed
+  480 s retention, no client hints; like that proxy, it learns a holding only from non-streamed
+  responses, so a streaming agent gets no reuse from it);
+- ``agentkv``: the router with the cost model, client hints and early release;
+- ``aggregated``: no router; sessions go straight to one engine with prefix caching (several
+  engines: each session sticks to one, chosen on the client).
+
+The three router modes share the same prefill and decode engines: each gets its own router,
+started in this process on the same port (the engines report holdings to that one URL) and
+stopped before the next mode starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import uvicorn
+
+from agentkv_server.bench.runner import Target
+from agentkv_server.errors import ConfigError
+from agentkv_server.router.app import create_app
+from agentkv_server.settings import Settings
+
+__all__ = [
+    "BASELINE",
+    "MODES",
+    "Deployment",
+    "ModeName",
+    "parse_base_urls",
+    "serve_mode",
+    "serve_router",
+]
+
+ModeName = Literal["recompute", "upstream", "agentkv", "aggregated"]
+# Measured in this order: modes that leave KV retained on the decode engine (upstream keeps
+# every holding for 480 s) come last, so that they cannot slow the others down.
+MODES: Final[tuple[ModeName, ...]] = ("aggregated", "recompute", "agentkv", "upstream")
+BASELINE: Final[ModeName] = "recompute"
+
+_POLICY: Final[Mapping[str, Literal["never", "upstream", "agentkv"]]] = {
+    "recompute": "never",
+    "upstream": "upstream",
+    "agentkv": "agentkv",
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Engines the router modes and the aggregated mode use, and where the router listens.
+
+    ``secret`` must be the one the decode engines' connectors send with their holding reports
+    (``agentkv_secret``), and ``router_port`` the port of their ``agentkv_router_url``.
+    """
+
+    model: str
+    prefill_urls: tuple[str, ...]
+    decode_urls: tuple[str, ...]
+    aggregated_urls: tuple[str, ...]
+    router_port: int
+    secret: str
+    router_host: str = "127.0.0.1"
+
+    def metrics_urls(self, mode: str) -> tuple[str, ...]:
+        engines = self.aggregated_urls if mode == "aggregated" else self.decode_urls
+        return tuple(f"{url.rstrip('/')}/metrics" for url in engines)
+
+
+@contextlib.asynccontextmanager
+async def serve_mode(mode: ModeName, deployment: Deployment) -> AsyncIterator[Target]:
+    """Set ``mode`` up in front of the deployment's engines for as long as the block runs."""
+    metrics = deployment.metrics_urls(mode)
+    if mode == "aggregated":
+        if not deployment.aggregated_urls:
+            raise ConfigError("mode 'aggregated' needs an engine (--aggregated-url)")
+        yield Target(mode, deployment.aggregated_urls, deployment.model, metrics, tag_body=False)
+        return
+    settings = Settings(
+        host=deployment.router_host,
+        port=deployment.router_port,
+        prefill_urls=deployment.prefill_urls,
+        decode_urls=deployment.decode_urls,
+        policy=_POLICY[mode],
+        secret=deployment.secret,
+    )
+    async with serve_router(settings) as url:
+        yield Target(mode, (url,), deployment.model, metrics)
+
+
+@contextlib.asynccontextmanager
+async def serve_router(settings: Settings) -> AsyncIterator[str]:
+    """Run a router app on ``settings.host:settings.port`` (0: any free port) in this event
+    loop; yields its URL and stops it (lifespan included) when the block ends."""
+    listener = socket.create_server((settings.host, settings.port))
+    host, port = listener.getsockname()[:2]
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # the router failed to start: raise its error here
+                raise ConfigError("the router exited during start-up")
+            await asyncio.sleep(0.05)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        listener.close()
+
+
+def parse_base_urls(values: list[str], modes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``--base-url [MODE=]URL`` options as mode -> URLs (several for one mode: session
+    affinity on the client). A bare URL belongs to the one mode asked for with ``--modes``."""
+    targets: dict[str, list[str]] = {}
+    for value in values:
+        mode, sep, url = value.partition("=")
+        if not sep or "://" in mode:
+            if len(modes) != 1:
+                raise ConfigError(
+                    f"--base-url {value!r}: write MODE=URL when measuring {len(modes)} modes"
+                )
+            mode, url = modes[0], value
+        if mode not in _POLICY and mode != "aggregated":
+            raise ConfigError(f"--base-url {value!r}: unknown mode {mode!r}")
+        targets.setdefault(mode, []).append(url.rstrip("/"))
+    return {mode: tuple(urls) for mode, urls in targets.items()}

@@ -1,0 +1,216 @@
+"""Writes a run's results: ``results.json`` (config, records, summary), two PNG plots and a
+markdown summary, all into one output directory.
+
+Plots use matplotlib's Agg backend: no display is needed, and the choice is made on the
+figure's own canvas rather than with the process-wide ``matplotlib.use``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from agentkv_server.bench.records import BenchResult
+from agentkv_server.bench.stats import ModeSummary, Spread, Summary, summarize
+
+__all__ = [
+    "JSON_NAME",
+    "MARKDOWN_NAME",
+    "SPEEDUP_PLOT",
+    "TTFT_PLOT",
+    "render_markdown",
+    "write_report",
+]
+
+JSON_NAME = "results.json"
+MARKDOWN_NAME = "summary.md"
+TTFT_PLOT = "ttft_by_turn.png"
+SPEEDUP_PLOT = "speedup_vs_history.png"
+
+# One colour per mode in every plot, so the two figures read together.
+_COLORS = {
+    "recompute": "tab:gray",
+    "upstream": "tab:orange",
+    "agentkv": "tab:blue",
+    "aggregated": "tab:green",
+}
+
+
+def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
+    """Write every output of ``result`` into ``out_dir``; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(result.records)
+    paths = [
+        _write_json(result, summary, out_dir / JSON_NAME),
+        _plot_ttft_by_turn(summary, out_dir / TTFT_PLOT),
+        _plot_speedup(summary, out_dir / SPEEDUP_PLOT),
+    ]
+    markdown = out_dir / MARKDOWN_NAME
+    markdown.write_text(render_markdown(result, summary))
+    return [*paths, markdown]
+
+
+def _write_json(result: BenchResult, summary: Summary, path: Path) -> Path:
+    path.write_text(json.dumps({**result.to_dict(), "summary": asdict(summary)}, indent=1))
+    return path
+
+
+def render_markdown(result: BenchResult, summary: Summary) -> str:
+    """The summary a person reads: the run's shape, one row per mode, one row per history."""
+    config = result.config
+    lines = [
+        "# agentkv bench",
+        "",
+        f"Command: `{config.get('command', 'agentkv bench')}`",
+        "",
+        f"Workload: {config.get('workload_text', '')}",
+        (
+            f"Model: {config.get('model', '?')}; repeats: {config.get('repeats', '?')}; "
+            f"deployment: {config.get('deployment', '?')}"
+        ),
+        "",
+        (
+            "TTFT and end-to-end latency are client-side medians over follow-up turns (turn >= 2), "
+            "given as the median of per-repeat medians [lowest - highest repeat]. Speedup is "
+            f"`{summary.baseline}`'s median over the mode's."
+        ),
+        "",
+        (
+            "| mode | turns | errors | TTFT turn 1 (s) | TTFT follow-up (s) | TTFT speedup "
+            "| e2e follow-up (s) | e2e speedup | reused | decode KV mean / peak |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_mode_row(m) for m in summary.modes),
+        "",
+        *_history_table(summary),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _mode_row(m: ModeSummary) -> str:
+    kv = (
+        f"{_pct(m.decode_kv_usage_mean)} / {_pct(m.decode_kv_usage_peak)}"
+        if m.decode_kv_usage_peak is not None
+        else "n/a"
+    )
+    cells = [
+        m.mode,
+        str(m.turns),
+        str(m.errors),
+        _spread(m.ttft_first_s),
+        _spread(m.ttft_followup_s),
+        _times(m.speedup),
+        _spread(m.latency_followup_s),
+        _times(m.latency_speedup),
+        _pct(m.reused_fraction),
+        kv,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _history_table(summary: Summary) -> list[str]:
+    modes = [m.mode for m in summary.modes]
+    histories = sorted({p.history_tokens for p in summary.by_history})
+    if not histories:
+        return []
+    cell = {(p.mode, p.history_tokens): p for p in summary.by_history}
+    rows = [
+        f"Follow-up TTFT by initial history (s; speedup over `{summary.baseline}` in parentheses):",
+        "",
+        "| history tokens | " + " | ".join(modes) + " |",
+        "|---:|" + "---:|" * len(modes),
+    ]
+    for history in histories:
+        cells = []
+        for mode in modes:
+            point = cell.get((mode, history))
+            cells.append(
+                "n/a"
+                if point is None
+                else f"{point.ttft_followup_s.median:.3f} ({_times(point.speedup)})"
+            )
+        rows.append(f"| {history} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _spread(spread: Spread | None) -> str:
+    if spread is None:
+        return "n/a"
+    if spread.repeats == 1:
+        return f"{spread.median:.3f}"
+    return f"{spread.median:.3f} [{spread.low:.3f} - {spread.high:.3f}]"
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
+def _pct(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def _figure(panels: int = 1):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(4.5 * panels, 3.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure, figure.subplots(1, panels, squeeze=False)[0]
+
+
+def _plot_ttft_by_turn(summary: Summary, path: Path) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
+    histories = sorted({p.history_tokens for p in summary.by_turn}) or [0]
+    figure, axes = _figure(len(histories))
+    for ax, history in zip(axes, histories):
+        for mode in _modes(summary):
+            points = sorted(
+                (p.turn, p.ttft_s)
+                for p in summary.by_turn
+                if p.mode == mode and p.history_tokens == history
+            )
+            if points:
+                turns, ttfts = zip(*points)
+                ax.plot(turns, ttfts, marker="o", label=mode, color=_COLORS.get(mode))
+        ax.set(title=f"initial history {history} tokens", xlabel="turn", ylabel="median TTFT (s)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    _legend(axes[0])
+    figure.savefig(path, dpi=120)
+    return path
+
+
+def _plot_speedup(summary: Summary, path: Path) -> Path:
+    figure, (ax,) = _figure()
+    for mode in _modes(summary):
+        points = sorted(
+            (p.history_tokens, p.speedup)
+            for p in summary.by_history
+            if p.mode == mode and p.speedup is not None
+        )
+        if points:
+            histories, speedups = zip(*points)
+            ax.plot(histories, speedups, marker="o", label=mode, color=_COLORS.get(mode))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    ax.set(
+        title=f"follow-up TTFT speedup over {summary.baseline}",
+        xlabel="initial history (tokens)",
+        ylabel="speedup (x)",
+    )
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    figure.savefig(path, dpi=120)
+    return path
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a run with no successful turn has nothing to name
+        ax.legend()
+
+
+def _modes(summary: Summary) -> Sequence[str]:
+    return [m.mode for m in summary.modes]

@@ -1,0 +1,214 @@
+"""Drives the workload's sessions against one mode's endpoint and records every turn.
+
+Sessions run through the agentkv SDK (``AsyncOpenAI`` inside ``agentkv.session``), exactly as an
+agent would: the router sees real session ids and turn hints. Every call streams, so the time
+to the first chunk is the client-side TTFT. A session holds a concurrency slot for its whole
+life, tool waits included (a waiting agent is still an active conversation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import openai
+
+import agentkv
+from agentkv_server.bench.kvmemory import DecodeMemoryProbe
+from agentkv_server.bench.records import TurnRecord
+from agentkv_server.bench.workload import TextTokenizer, Workload
+
+__all__ = ["Runner", "Target"]
+
+# Engine-side sampling that makes every turn produce exactly ``output_tokens`` (random-weight
+# test models would otherwise stop at an early end-of-sequence token).
+_EXACT_LENGTH = {"ignore_eos": True}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one mode's traffic goes.
+
+    Several ``base_urls`` are served with session affinity on the client: a session always
+    talks to the same one. ``tag_body`` is False for plain vLLM engines (the agentkv body object
+    is a router's to strip; headers alone are harmless to an engine).
+    """
+
+    mode: str
+    base_urls: tuple[str, ...]
+    model: str
+    metrics_urls: tuple[str, ...] = ()
+    tag_body: bool = True
+
+    def url_for(self, session_id: str) -> str:
+        return self.base_urls[zlib.crc32(session_id.encode()) % len(self.base_urls)]
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """Where one turn sits in the run."""
+
+    repeat: int
+    history: int
+    session: int
+    turn: int
+    tool_latency_s: float
+
+
+class Runner:
+    """Runs a workload's sessions against a :class:`Target`; ``on_turn`` sees each record as it
+    completes (the progress bar)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        tokenizer: TextTokenizer,
+        *,
+        on_turn: Callable[[TurnRecord], None] = lambda record: None,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        self.workload = workload
+        self.tokenizer = tokenizer
+        self.request_timeout_s = request_timeout_s
+        self._on_turn = on_turn
+
+    async def run(self, target: Target, repeat: int, salt: str) -> list[TurnRecord]:
+        """Every session of every history length once; the histories run one after another."""
+        limits = httpx.Limits(max_connections=self.workload.concurrency + 4)
+        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout_s) as http:
+            clients = {
+                url: agentkv.AsyncOpenAI(
+                    base_url=url.rstrip("/") + "/v1",
+                    api_key="agentkv-bench",
+                    max_retries=0,  # a retried turn would hide its failure inside its latency
+                    http_client=http,
+                    agentkv_body=target.tag_body,
+                )
+                for url in target.base_urls
+            }
+            probe = DecodeMemoryProbe(target.metrics_urls, http)
+            records: list[TurnRecord] = []
+            for history in self.workload.history_tokens:
+                slots = asyncio.Semaphore(self.workload.concurrency)
+                sessions = [
+                    self._session(clients, probe, slots, target, repeat, history, index, salt)
+                    for index in range(self.workload.sessions)
+                ]
+                for session_records in await asyncio.gather(*sessions):
+                    records.extend(session_records)
+            return records
+
+    async def _session(
+        self,
+        clients: dict[str, agentkv.AsyncOpenAI],
+        probe: DecodeMemoryProbe,
+        slots: asyncio.Semaphore,
+        target: Target,
+        repeat: int,
+        history: int,
+        index: int,
+        salt: str,
+    ) -> list[TurnRecord]:
+        workload = self.workload
+        session_id = f"bench-{salt}-{target.mode}-r{repeat}-h{history}-s{index}"
+        client = clients[target.url_for(session_id)]
+        # The salt names the mode and repeat: with greedy sampling every mode would otherwise
+        # send the same conversations, and an engine's prefix cache would serve a later mode
+        # what an earlier one computed.
+        system = workload.history_text(self.tokenizer, history, index, f"{salt} {session_id}")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        waits = [0.0, *workload.tool_latencies(history, index)]
+        records: list[TurnRecord] = []
+        async with slots, agentkv.session(session_id) as session:
+            for turn, wait in enumerate(waits, start=1):
+                if wait:
+                    await asyncio.sleep(wait)
+                    session.record_tool_time(wait)
+                if turn == workload.turns:
+                    session.end_next_turn()
+                new = workload.new_text(self.tokenizer, history, index, turn)
+                messages.append({"role": "user", "content": new})
+                where = _Turn(repeat, history, index, turn, wait)
+                record, answer = await self._turn(client, target, session, messages, where)
+                record = await _with_memory(record, probe)
+                records.append(record)
+                self._on_turn(record)
+                if not record.ok:
+                    break  # the conversation cannot go on without this turn's answer
+                messages.append({"role": "assistant", "content": answer})
+        return records
+
+    async def _turn(
+        self,
+        client: agentkv.AsyncOpenAI,
+        target: Target,
+        session: agentkv.Session,
+        messages: Sequence[dict[str, Any]],
+        where: _Turn,
+    ) -> tuple[TurnRecord, str]:
+        output = self.workload.output_tokens
+        base = TurnRecord(
+            mode=target.mode,
+            repeat=where.repeat,
+            history_tokens=where.history,
+            session=where.session,
+            turn=where.turn,
+            tool_latency_s=where.tool_latency_s,
+        )
+        started = time.perf_counter()
+        first: float | None = None
+        parts: list[str] = []
+        usage: Any = None
+        try:
+            stream = await client.chat.completions.create(
+                model=target.model,
+                messages=list(messages),  # type: ignore[arg-type]
+                max_tokens=output,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={**_EXACT_LENGTH, "min_tokens": output},
+            )
+            async for chunk in stream:
+                if chunk.choices and first is None:
+                    first = time.perf_counter()
+                parts.extend(c.delta.content for c in chunk.choices if c.delta and c.delta.content)
+                usage = chunk.usage or usage
+        except (openai.OpenAIError, httpx.HTTPError, asyncio.TimeoutError) as exc:
+            return replace(base, error=f"{type(exc).__name__}: {exc}"[:500]), ""
+        ended = time.perf_counter()
+        if first is None:
+            return replace(base, error="stream ended without a chunk"), ""
+        info = session.last_turn
+        return (
+            replace(
+                base,
+                ttft_s=first - started,
+                latency_s=ended - started,
+                prompt_tokens=getattr(usage, "prompt_tokens", None),
+                output_tokens=getattr(usage, "completion_tokens", None),
+                reused_tokens=_reused(info, usage),
+                kv_path=info.kv_path if info else None,
+            ),
+            "".join(parts),
+        )
+
+
+def _reused(info: agentkv.TurnInfo | None, usage: Any) -> int | None:
+    """The router's figure when there is a router, else the engine's prefix-cache hits."""
+    if info is not None and info.reused_tokens is not None:
+        return info.reused_tokens
+    details = getattr(usage, "prompt_tokens_details", None)
+    return getattr(details, "cached_tokens", None)
+
+
+async def _with_memory(record: TurnRecord, probe: DecodeMemoryProbe) -> TurnRecord:
+    usage = await probe.sample()
+    if usage is None:
+        return record
+    return replace(record, decode_kv_usage=usage.fraction, decode_kv_tokens=usage.tokens)

@@ -1,0 +1,309 @@
+"""The multi-turn agent workload: what every benchmarked session sends, turn by turn.
+
+A session starts from an initial history (system prompt and earlier context) and then runs
+``turns`` model calls; each call appends the previous answer plus ``new_tokens`` of fresh input
+(a tool result or user message), so turn N's prompt extends turn N-1's, as in a real agent
+loop. Between calls the session sleeps for a sampled tool latency.
+
+Texts are generated from a seed, independent of the serving mode, so every mode sees prompts of
+the same sizes; a per-run salt at the head of each history keeps one mode's prefix cache from
+serving another mode's sessions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, Protocol, get_args
+
+from agentkv_server.errors import ConfigError
+
+__all__ = [
+    "PRESETS",
+    "FileTokenizer",
+    "Preset",
+    "TextTokenizer",
+    "ToolLatency",
+    "WordTokenizer",
+    "Workload",
+    "load_tokenizer",
+    "text_of_tokens",
+]
+
+Distribution = Literal["fixed", "exponential", "lognormal", "uniform"]
+
+
+@dataclass(frozen=True)
+class ToolLatency:
+    """Seconds a tool (or a user) takes between two model calls of a session.
+
+    ``fixed``: always ``mean_s``; ``exponential``: mean ``mean_s``; ``lognormal``: median
+    ``mean_s`` with shape ``sigma`` (the heavy tail real tools have); ``uniform``: between
+    ``mean_s * (1 - spread)`` and ``mean_s * (1 + spread)``.
+    """
+
+    kind: Distribution = "fixed"
+    mean_s: float = 0.0
+    sigma: float = 0.5
+    spread: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(Distribution):
+            raise ConfigError(
+                f"tool latency kind {self.kind!r} is not one of {get_args(Distribution)}"
+            )
+        if self.mean_s < 0 or self.sigma < 0 or not 0 <= self.spread <= 1:
+            raise ConfigError(f"invalid tool latency {self!r}")
+
+    def sample(self, rng: random.Random) -> float:
+        if self.kind == "fixed" or self.mean_s == 0:
+            return self.mean_s
+        if self.kind == "exponential":
+            return rng.expovariate(1.0 / self.mean_s)
+        if self.kind == "lognormal":
+            return rng.lognormvariate(math.log(self.mean_s), self.sigma)
+        return rng.uniform(self.mean_s * (1 - self.spread), self.mean_s * (1 + self.spread))
+
+    @classmethod
+    def parse(cls, text: str) -> ToolLatency:
+        """``KIND:SECONDS`` as the command line writes it, e.g. ``lognormal:1.5`` or ``0.5``."""
+        kind, _, seconds = text.rpartition(":")
+        try:
+            return cls(kind=kind or "fixed", mean_s=float(seconds))  # type: ignore[arg-type]
+        except ValueError:
+            raise ConfigError(f"tool latency {text!r} is not KIND:SECONDS") from None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.mean_s:g}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Shape of the sessions one benchmark run drives against every mode.
+
+    The whole set of ``sessions`` runs once per initial history length in ``history_tokens``
+    (the sweep); at most ``concurrency`` sessions are active at once.
+    """
+
+    sessions: int
+    turns: int
+    history_tokens: tuple[int, ...]
+    new_tokens: int
+    output_tokens: int
+    tool_latency: ToolLatency = ToolLatency()
+    concurrency: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (
+            min(self.sessions, self.turns, self.new_tokens, self.output_tokens, self.concurrency)
+            < 1
+        ):
+            raise ConfigError("sessions, turns, new/output tokens and concurrency must be >= 1")
+        if not self.history_tokens or min(self.history_tokens) < 0:
+            raise ConfigError("history_tokens needs at least one length >= 0")
+
+    def tool_latencies(self, history: int, session: int) -> list[float]:
+        """Sleeps before turns 2..N of one session: the same for every mode."""
+        rng = random.Random(f"{self.seed}:tool:{history}:{session}")
+        return [self.tool_latency.sample(rng) for _ in range(self.turns - 1)]
+
+    def history_text(self, tokenizer: TextTokenizer, history: int, session: int, salt: str) -> str:
+        """The session's initial context: a salt line, then ``history`` tokens of text."""
+        rng = random.Random(f"{self.seed}:history:{history}:{session}")
+        return f"[{salt} session {session}]\n" + text_of_tokens(tokenizer, history, rng)
+
+    def new_text(self, tokenizer: TextTokenizer, history: int, session: int, turn: int) -> str:
+        """The fresh input of one turn (turn 1's user request included)."""
+        rng = random.Random(f"{self.seed}:new:{history}:{session}:{turn}")
+        return text_of_tokens(tokenizer, self.new_tokens, rng)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named workload plus how often to repeat it and which local model serves it."""
+
+    description: str
+    workload: Workload
+    repeats: int
+    model: str = "tiny"
+
+    def with_overrides(self, **fields: object) -> Preset:
+        """A copy whose workload fields (or ``repeats`` / ``model``) are replaced where given."""
+        given = {name: value for name, value in fields.items() if value is not None}
+        own = {name: given.pop(name) for name in ("repeats", "model") if name in given}
+        return replace(self, workload=replace(self.workload, **given), **own)
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        "smoke test: a few short sessions on the tiny model, minutes on 2 CPU cores",
+        Workload(
+            sessions=2,
+            turns=3,
+            history_tokens=(256, 1024),
+            new_tokens=32,
+            output_tokens=8,
+            tool_latency=ToolLatency("fixed", 0.2),
+            concurrency=2,
+        ),
+        repeats=1,
+    ),
+    "cpu": Preset(
+        "the full CPU run behind docs/benchmarks.md: the ~100M model, prefill cost visible",
+        Workload(
+            sessions=2,
+            turns=4,
+            history_tokens=(1000, 4000),
+            new_tokens=150,
+            output_tokens=32,
+            tool_latency=ToolLatency("lognormal", 1.0),
+            concurrency=1,
+        ),
+        repeats=2,
+        model="small",
+    ),
+    "vllm": Preset(
+        "shaped like vLLM's published multi-turn result: 10 conversations x 10 turns, 150 new "
+        "and 300 output tokens per turn, sweep of initial history (for GPU engines)",
+        Workload(
+            sessions=10,
+            turns=10,
+            history_tokens=(2000, 8000, 16000, 24000),
+            new_tokens=150,
+            output_tokens=300,
+            tool_latency=ToolLatency("lognormal", 1.0),
+            concurrency=10,
+        ),
+        repeats=3,
+    ),
+}
+
+
+class TextTokenizer(Protocol):
+    """What workload generation needs from a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+_WORDS = [
+    "the",
+    "agent",
+    "called",
+    "a",
+    "tool",
+    "and",
+    "read",
+    "the",
+    "result",
+    "before",
+    "it",
+    "wrote",
+    "the",
+    "next",
+    "step",
+    "of",
+    "its",
+    "plan",
+    "search",
+    "file",
+    "list",
+    "open",
+    "query",
+    "price",
+    "order",
+    "status",
+    "weather",
+    "city",
+    "record",
+    "value",
+    "table",
+    "report",
+    "user",
+    "asked",
+    "for",
+    "more",
+    "detail",
+    "about",
+    "each",
+    "item",
+    "so",
+    "the",
+    "model",
+    "checked",
+    "again",
+    "with",
+    "new",
+    "data",
+    "error",
+    "retry",
+    "success",
+    "json",
+    "field",
+    "name",
+    "id",
+    "date",
+    "time",
+    "count",
+    "total",
+    "page",
+    "next",
+    "previous",
+    "summary",
+]
+_WORD_IDS = {word: index for index, word in enumerate(dict.fromkeys(_WORDS))}
+_ID_WORDS = list(_WORD_IDS)
+
+
+class WordTokenizer:
+    """One token per word of the workload's vocabulary: the fallback when the served model's
+    tokenizer is not at hand. Common English words are one token in the usual BPE vocabularies,
+    so sizes stay close; measured prompt sizes always come from the engines' usage figures."""
+
+    def encode(self, text: str) -> list[int]:
+        return [_WORD_IDS[word] for word in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(_ID_WORDS[i] for i in ids)
+
+
+class FileTokenizer:
+    """The served model's own tokenizer, from its ``tokenizer.json``."""
+
+    def __init__(self, file: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(file))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+
+def load_tokenizer(path: Path | None) -> TextTokenizer:
+    """The tokenizer in ``path`` (a model directory or a tokenizer.json), else WordTokenizer."""
+    if path is None:
+        return WordTokenizer()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"no tokenizer.json at {path}")
+    return FileTokenizer(file)
+
+
+def text_of_tokens(tokenizer: TextTokenizer, tokens: int, rng: random.Random) -> str:
+    """Seeded prose that ``tokenizer`` encodes to ``tokens`` tokens (give or take a merge at
+    the cut, which byte-level BPE can make when the text is encoded again)."""
+    if tokens == 0:
+        return ""
+    words = [rng.choice(_WORDS) for _ in range(tokens)]
+    while True:
+        ids = tokenizer.encode(" ".join(words))
+        if len(ids) >= tokens:
+            return tokenizer.decode(ids[:tokens])
+        words += [rng.choice(_WORDS) for _ in range(tokens - len(ids) + 1)]

@@ -1,0 +1,144 @@
+"""``agentkv bench`` end to end against stub engines served from a thread of their own (the
+command runs its own event loop)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentkv_server.bench import cli
+from agentkv_server.bench.records import BenchResult
+from agentkv_server.bench.report import JSON_NAME, MARKDOWN_NAME, SPEEDUP_PLOT, TTFT_PLOT
+from agentkv_server.testing import StubCluster, StubEngine, http_reporter
+
+StartEngines = Callable[[StubCluster], Awaitable[tuple[StubEngine, StubEngine]]]
+SECRET = "cli-test-secret"
+SMALL = ["--sessions", "2", "--turns", "2", "--history-tokens", "300", "--new-tokens", "5",
+         "--output-tokens", "3", "--tool-latency", "0", "--repeats", "1", "--no-progress"]  # fmt: skip
+
+
+class StubThread:
+    """A StubCluster running on an event loop in a background thread."""
+
+    def __init__(self, router_port: int, start_engines: StartEngines) -> None:
+        self._start_engines = start_engines
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.cluster = self.call(self._start(router_port))
+
+    def call(self, coroutine):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    async def _start(self, router_port: int) -> StubCluster:
+        report, self._close_reporter = http_reporter(f"http://127.0.0.1:{router_port}", SECRET)
+        cluster = StubCluster(model="stub-model", reporter=report)
+        await self._start_engines(cluster)
+        return cluster
+
+    def engine(self, name: str) -> StubEngine:
+        return next(e for e in self.cluster.engines if e.name == name)
+
+    def close(self) -> None:
+        self.call(self.cluster.close())
+        self.call(self._close_reporter())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+@pytest.fixture
+def router_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def stubs(router_port: int, start_engines: StartEngines) -> Iterator[StubThread]:
+    stubs = StubThread(router_port, start_engines)
+    yield stubs
+    stubs.close()
+
+
+def bench(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+def test_every_mode_against_given_engines(
+    stubs: StubThread, router_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench(
+        *SMALL, "--prefill-url", stubs.engine("prefill").url, "--decode-url",
+        stubs.engine("decode").url, "--router-port", str(router_port), "--secret", SECRET,
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        JSON_NAME,
+        MARKDOWN_NAME,
+        TTFT_PLOT,
+        SPEEDUP_PLOT,
+    }
+    result = BenchResult.from_dict(json.loads((tmp_path / JSON_NAME).read_text()))
+    assert result.config["model"] == "stub-model"  # asked from the engine
+    per_mode = {m: [r for r in result.records if r.mode == m] for m in cli.MODES}
+    assert all(len(records) == 4 and all(r.ok for r in records) for records in per_mode.values())
+    assert any(r.kv_path == "reuse" for r in per_mode["agentkv"])
+    summary = capsys.readouterr().out
+    assert all(f"| {mode} |" in summary for mode in cli.MODES)
+
+
+def test_given_endpoint_measured_as_it_is(stubs: StubThread, tmp_path: Path) -> None:
+    engine = stubs.engine("decode")
+    code = bench(*SMALL, "--base-url", f"aggregated={engine.url}", "--out", str(tmp_path))
+    assert code == 0
+    result = BenchResult.from_dict(json.loads((tmp_path / JSON_NAME).read_text()))
+    assert result.config["modes"] == ["aggregated"] and len(result.records) == 4
+    warm_up_and_run = 3 + 4
+    assert len(engine.completions()) == warm_up_and_run
+
+
+def test_failed_turns_make_the_exit_code_non_zero(stubs: StubThread, tmp_path: Path) -> None:
+    engine = stubs.engine("decode")
+    engine.faults.extend(["bad_request"] * 20)
+    assert bench(*SMALL, "--base-url", f"aggregated={engine.url}", "--out", str(tmp_path)) == 1
+
+
+def test_report_rendered_again_from_json(stubs: StubThread, tmp_path: Path) -> None:
+    engine = stubs.engine("decode")
+    bench(*SMALL, "--base-url", f"aggregated={engine.url}", "--out", str(tmp_path / "run"))
+    again = tmp_path / "again"
+    assert bench("--from-json", str(tmp_path / "run" / JSON_NAME), "--out", str(again)) == 0
+    assert (again / MARKDOWN_NAME).read_text() == (tmp_path / "run" / MARKDOWN_NAME).read_text()
+
+
+@pytest.mark.parametrize(
+    "argv", [["--modes", "fastest"], ["--history-tokens", "1k"], ["--tool-latency", "soon:1"]]
+)
+def test_bad_options_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench(*argv)
+
+
+def test_quick_selects_the_quick_preset() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    assert parser.parse_args(["--quick"]).preset == "quick"
+    assert parser.parse_args([]).preset == "cpu"
+
+
+def test_unreachable_engine_is_reported_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench("--base-url", "aggregated=http://127.0.0.1:9", "--out", str(tmp_path))
+    assert code == 2
+    assert "pass --model" in capsys.readouterr().err

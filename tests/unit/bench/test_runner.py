@@ -1,0 +1,147 @@
+"""The runner and the modes against the real router app in front of stub engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentkv_server.bench.modes import Deployment, parse_base_urls, serve_mode
+from agentkv_server.bench.records import TurnRecord
+from agentkv_server.bench.runner import Runner, Target
+from agentkv_server.bench.workload import ToolLatency, WordTokenizer, Workload
+from agentkv_server.errors import ConfigError
+from agentkv_server.testing import StubCluster, StubEngine, http_reporter
+
+MODEL = "stub-model"
+SECRET = "bench-test-secret"
+WORKLOAD = Workload(
+    sessions=2,
+    turns=3,
+    history_tokens=(400,),
+    new_tokens=5,
+    output_tokens=4,
+    tool_latency=ToolLatency("fixed", 0.01),
+    concurrency=2,
+)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[StubCluster]:
+    cluster = StubCluster(model=MODEL)
+    yield cluster
+    await cluster.close()
+
+
+@pytest.fixture
+async def deployment(cluster: StubCluster, start_engines: Any) -> Deployment:
+    prefill, decode = await start_engines(cluster)
+    return Deployment(
+        MODEL, (prefill.url,), (decode.url,), (decode.url,), router_port=0, secret=SECRET
+    )
+
+
+async def run_mode(mode: str, deployment: Deployment, cluster: StubCluster) -> list[TurnRecord]:
+    seen: list[TurnRecord] = []
+    async with serve_mode(mode, deployment) as target:  # type: ignore[arg-type]
+        report, close = http_reporter(target.base_urls[0], SECRET)
+        cluster.reporter = report
+        try:
+            records = await Runner(WORKLOAD, WordTokenizer(), on_turn=seen.append).run(
+                target, 0, "t"
+            )
+            await cluster.flush_reports()
+        finally:
+            await close()
+    assert len(seen) == len(records) and set(seen) == set(records)  # in completion order
+    return records
+
+
+def decode_engine(cluster: StubCluster) -> StubEngine:
+    return next(e for e in cluster.engines if e.name == "decode")
+
+
+async def test_agentkv_mode_reuses_the_history_and_frees_it_at_session_end(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    records = await run_mode("agentkv", deployment, cluster)
+    assert len(records) == WORKLOAD.sessions * WORKLOAD.turns
+    assert all(r.ok and r.mode == "agentkv" for r in records)
+    assert all(
+        r.ttft_s is not None and r.latency_s is not None and r.ttft_s <= r.latency_s
+        for r in records
+    )
+    assert [r.kv_path for r in records if r.turn == 1] == ["recompute"] * 2
+    followups = [r for r in records if r.turn > 1]
+    assert all(r.kv_path == "reuse" and (r.reused_tokens or 0) > 400 for r in followups)
+    assert decode_engine(cluster).retained == {}  # the last turn asked for no retention
+
+
+async def test_recompute_mode_never_reuses(deployment: Deployment, cluster: StubCluster) -> None:
+    records = await run_mode("recompute", deployment, cluster)
+    assert all(r.ok and r.kv_path == "recompute" and r.reused_tokens == 0 for r in records)
+
+
+async def test_upstream_mode_runs_through_its_policy(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    records = await run_mode("upstream", deployment, cluster)
+    assert all(r.ok and r.kv_path in {"reuse", "recompute", "fallback"} for r in records)
+
+
+async def test_aggregated_mode_talks_to_the_engine_without_a_router(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    records = await run_mode("aggregated", deployment, cluster)
+    assert all(r.ok and r.kv_path is None for r in records)
+    sent = decode_engine(cluster).completions()
+    assert len(sent) == len(records)
+    assert all("agentkv" not in r.body and r.headers.get("x-session-id") for r in sent)
+    # each turn extends the previous one: history, then 5 new and 4 output words per turn
+    last = max(sent, key=lambda r: len(r.body["messages"]))
+    assert [m["role"] for m in last.body["messages"]] == ["system", "user", "assistant"] * 1 + [
+        "user",
+        "assistant",
+        "user",
+    ]
+
+
+async def test_a_failed_turn_ends_its_session(deployment: Deployment, cluster: StubCluster) -> None:
+    decode_engine(cluster).faults.append("bad_request")
+    records = await run_mode("aggregated", deployment, cluster)
+    failed = [r for r in records if not r.ok]
+    assert len(failed) == 1 and "400" in (failed[0].error or "")
+    survivors = [r for r in records if r.session != failed[0].session]
+    assert len(survivors) == WORKLOAD.turns
+    assert len(records) == WORKLOAD.turns + 1
+
+
+def test_session_affinity_is_stable() -> None:
+    target = Target("aggregated", ("http://a", "http://b", "http://c"), MODEL)
+    chosen = {target.url_for(f"s{i}") for i in range(50)}
+    assert chosen == set(target.base_urls)
+    assert all(target.url_for(f"s{i}") == target.url_for(f"s{i}") for i in range(50))
+
+
+def test_base_url_options() -> None:
+    assert parse_base_urls(
+        ["agentkv=http://r:8000/", "aggregated=http://e1", "aggregated=http://e2"],
+        ("agentkv", "aggregated"),
+    ) == {"agentkv": ("http://r:8000",), "aggregated": ("http://e1", "http://e2")}
+    assert parse_base_urls(["http://r:8000"], ("agentkv",)) == {"agentkv": ("http://r:8000",)}
+    with pytest.raises(ConfigError):
+        parse_base_urls(["http://r:8000"], ("agentkv", "recompute"))
+    with pytest.raises(ConfigError):
+        parse_base_urls(["fastest=http://r:8000"], ("agentkv",))
+
+
+async def test_no_two_modes_or_repeats_share_a_prefix(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    engine = decode_engine(cluster)
+    runner = Runner(WORKLOAD, WordTokenizer())
+    for mode, repeat in (("aggregated", 0), ("aggregated", 1), ("recompute", 0)):
+        await runner.run(Target(mode, (engine.url,), MODEL, tag_body=False), repeat, "same-run")
+    first_lines = {r.body["messages"][0]["content"].splitlines()[0] for r in engine.completions()}
+    assert len(first_lines) == 3 * WORKLOAD.sessions * len(WORKLOAD.history_tokens)
