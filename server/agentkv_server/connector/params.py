@@ -1,0 +1,85 @@
+"""agentkv's fields in ``kv_transfer_params`` (docs/protocol.md section 5), read and written here.
+
+Upstream NixlConnector fields pass through untouched; every field agentkv adds starts with
+``agentkv_``. The functions below are the connector's only readers of router-supplied values,
+and they never raise on bad input: a malformed hint falls back to upstream behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentkv_server.connector.log import get_logger
+
+__all__ = [
+    "EXPIRES_AT",
+    "EXPIRES_IN_SECONDS",
+    "RELEASE",
+    "RETENTION_SECONDS",
+    "TICKET",
+    "expires_within",
+    "release_ids",
+    "retention_seconds",
+    "ticket",
+]
+
+logger = get_logger(__name__)
+
+# Router -> D, with the decode step.
+RETENTION_SECONDS: Final = "agentkv_retention_seconds"
+TICKET: Final = "agentkv_ticket"
+# Router -> D, alone on a tiny request: free these retained requests' blocks now.
+RELEASE: Final = "agentkv_release"
+# D -> router, in the returned params and the holding report.
+EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
+# D -> P (opaque to the router): the retention deadline as Unix time, so that P's scheduler
+# can skip a holding that is gone before it parks the request waiting for it.
+EXPIRES_AT: Final = "agentkv_expires_at"
+
+
+def retention_seconds(params: Mapping[str, Any], *, default: float, maximum: float) -> float:
+    """How long to retain a finished request's blocks: the request's own hint, clamped to
+    ``[0, maximum]``, or ``default`` (also clamped) when it gives none or an unusable one."""
+    value = params.get(RETENTION_SECONDS)
+    if value is None:
+        return min(default, maximum)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if math.isnan(seconds):
+        logger.warning("Ignoring unusable %s=%r", RETENTION_SECONDS, value)
+        return min(default, maximum)
+    return min(max(seconds, 0.0), maximum)
+
+
+def expires_within(params: Mapping[str, Any], seconds: float, *, now: float) -> bool:
+    """True when the holding's ``agentkv_expires_at`` falls before ``now + seconds``.
+
+    Wall clocks of two hosts differ a little; a skew only moves when P gives up on a holding.
+    P's worker still checks upstream's clock-corrected deadline before any read.
+    """
+    try:
+        deadline = float(params[EXPIRES_AT])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return deadline <= now + seconds
+
+
+def release_ids(params: Mapping[str, Any] | None) -> list[str]:
+    """Request ids whose retained blocks this request asks to free (empty when none)."""
+    value = (params or {}).get(RELEASE)
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        logger.warning("Ignoring %s that is not a list of request ids: %r", RELEASE, value)
+        return []
+    return [str(req_id) for req_id in value]
+
+
+def ticket(params: Mapping[str, Any] | None) -> str | None:
+    """The router's ticket for this request's holding report, if it asked for one."""
+    value = (params or {}).get(TICKET)
+    return str(value) if value else None

@@ -1,0 +1,225 @@
+"""Scheduler half of ``AgentKVConnector``: what a request's ``kv_transfer_params`` may ask for.
+
+On a decode engine (D), when a request finishes:
+
+* its blocks are retained for the request's ``agentkv_retention_seconds`` (clamped), not one
+  fixed TTL; ``0`` frees them at once;
+* the returned params gain its expiry (``agentkv_expires_in_seconds``, ``agentkv_expires_at``)
+  and a prefix fingerprint of the held tokens (``prefix.py``);
+* with an ``agentkv_ticket``, the params are reported to the router (``report.py``).
+
+A request carrying ``agentkv_release`` frees the named retained requests' blocks at once.
+
+On a prefill engine (P) pulling a holding, only the longest prefix that its prompt really
+shares with the held tokens is loaded: the matched-token count and the remote block list are
+clipped to it before upstream's logic runs. A holding about to expire is not pulled at all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
+from vllm.utils.math_utils import cdiv
+
+from agentkv_server.connector import params as wire
+from agentkv_server.connector.log import get_logger
+from agentkv_server.connector.prefix import (
+    BLOCK_SIZE_KEY,
+    PrefixFingerprint,
+    common_prefix_tokens,
+)
+from agentkv_server.connector.report import HoldingReporter
+from agentkv_server.connector.settings import ConnectorSettings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.utils import BlockIds
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["AgentKVScheduler"]
+
+logger = get_logger(__name__)
+
+# Marks params whose pull was already checked (the scheduler may ask more than once).
+_VERIFIED = "_agentkv_prefix_verified"
+# Holdings this close to expiry are not pulled: the same slack upstream's worker leaves for
+# clock error and read latency before it declines a read.
+EXPIRY_MARGIN_SECONDS = 5.0
+
+
+class AgentKVScheduler(NixlPullConnectorScheduler):
+    """NixlConnector's pull scheduler with request-driven retention and verified pulls."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        engine_id: str,
+        kv_cache_config: KVCacheConfig,
+        settings: ConnectorSettings,
+    ) -> None:
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self._settings = settings
+        # Finished requests whose blocks this engine retains for a later pull.
+        self._retained: set[str] = set()
+        self._reporter = (
+            HoldingReporter(
+                settings.report_url,
+                secret=settings.secret,
+                queue_size=settings.report_queue_size,
+                timeout=settings.report_timeout_seconds,
+            )
+            if settings.report_url
+            else None
+        )
+
+    # -- P: verified pulls ---------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if _pulls_holding(params) and not params.get(_VERIFIED):
+            params[_VERIFIED] = True
+            self._clip_to_loadable(request, params)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        params = request.kv_transfer_params
+        if _pulls_holding(params) and not params.get("_remote_blocks_processed"):
+            loaded = min(params.get("remote_num_tokens") or 0, request.num_prompt_tokens)
+            _clip_remote_blocks(params, loaded_tokens=loaded)
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
+        """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
+        held = params.get("remote_num_tokens") or 0
+        if wire.expires_within(params, EXPIRY_MARGIN_SECONDS, now=time.time()):
+            logger.info("Request %s: holding on %s has expired; recomputing",
+                        request.request_id, params.get("remote_engine_id"))  # fmt: skip
+            # Nothing to read and nobody to notify: the holder frees expired blocks itself.
+            params["remote_num_tokens"] = 0
+            params["remote_block_ids"] = None
+            return
+        loadable = self._verified_tokens(request, params, held)
+        if loadable < held:
+            logger.info(
+                "Request %s shares only %d of the %d tokens that %s holds; pulling those",
+                request.request_id,
+                loadable,
+                held,
+                params.get("remote_engine_id"),
+            )
+        params["remote_num_tokens"] = loadable
+
+    def _verified_tokens(self, request: Request, params: dict[str, Any], held: int) -> int:
+        """The held tokens the prompt really shares; none without a usable fingerprint."""
+        fingerprint = PrefixFingerprint.from_params(params)
+        if fingerprint is None:
+            return 0
+        shared = min(held, common_prefix_tokens(fingerprint, request.prompt_token_ids or []))
+        if shared < held and self._is_hma_required:
+            # Hybrid models keep sliding-window and state groups whose blocks cannot be cut
+            # at a token boundary: load all of the holding or none of it.
+            return 0
+        return shared
+
+    # -- D: retention, release, reports --------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        super().on_new_request(request)
+        for req_id in wire.release_ids(request.kv_transfer_params):
+            self._release(req_id)
+
+    def request_finished(
+        self, request: Request, block_ids: BlockIds
+    ) -> tuple[bool, dict[str, Any] | None]:
+        delay_free, params = super().request_finished(request, block_ids)
+        request_params = request.kv_transfer_params or {}
+        if delay_free and params is not None and params.get("do_remote_decode"):
+            delay_free = self._retain(request, params, request_params)
+        ticket = wire.ticket(request_params)
+        if ticket is not None and params is not None and self._reporter is not None:
+            self._reporter.submit(ticket, params)
+        return delay_free, params
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        super().update_connector_output(connector_output)
+        # Pulled, expired or released: the blocks are free either way.
+        self._retained.difference_update(connector_output.finished_sending or ())
+
+    def shutdown(self) -> None:
+        if self._reporter is not None:
+            self._reporter.close(timeout=self._settings.report_timeout_seconds)
+        super().shutdown()
+
+    def _retain(
+        self, request: Request, params: dict[str, Any], request_params: dict[str, Any]
+    ) -> bool:
+        """Set the retention upstream just scheduled with one TTL; True if blocks stay held."""
+        req_id = request.request_id
+        seconds = (
+            0.0  # a release request is plumbing: nothing of it is worth keeping
+            if wire.RELEASE in request_params
+            else wire.retention_seconds(
+                request_params,
+                default=self._settings.default_retention_seconds,
+                maximum=self._settings.max_retention_seconds,
+            )
+        )
+        now = time.perf_counter()
+        params[wire.EXPIRES_IN_SECONDS] = seconds
+        params[wire.EXPIRES_AT] = time.time() + seconds
+        # Upstream's own expiry field, which P's worker checks before reading: an already
+        # past deadline makes P decline (and recompute) instead of reading freed blocks.
+        params["remote_blocks_expiry_time"] = now + seconds
+        if seconds == 0:
+            self._reqs_need_send.pop(req_id, None)
+            self._reqs_not_processed.add(req_id)
+            return False
+        self._reqs_need_send[req_id] = now + seconds
+        # Upstream's worker tracks a deadline only for requests it saw in a transfer batch;
+        # a decode request that pulled nothing (its prompt was sent to D directly) would
+        # otherwise keep its blocks forever. Announcing it again is harmless.
+        self._reqs_in_batch.add(req_id)
+        self._retained.add(req_id)
+        held_tokens = request.all_token_ids[: params.get("remote_num_tokens") or 0]
+        params.update(PrefixFingerprint.of(held_tokens, self.block_size).to_params())
+        return True
+
+    def _release(self, req_id: str) -> None:
+        """Expire a retained request now; the worker frees its blocks on its next step."""
+        if req_id not in self._retained:
+            logger.debug("Release of %s ignored: no blocks retained for it", req_id)
+            return
+        self._reqs_need_send[req_id] = time.perf_counter()
+
+
+def _pulls_holding(params: dict[str, Any] | None) -> bool:
+    """True for a prefill request that names a decode engine's retained blocks."""
+    return bool(
+        params
+        and params.get("do_remote_decode")
+        and params.get("remote_block_ids")
+        and params.get("remote_engine_id")
+    )
+
+
+def _clip_remote_blocks(params: dict[str, Any], *, loaded_tokens: int) -> None:
+    """Keep only the held blocks that cover the first ``loaded_tokens`` tokens.
+
+    Upstream aligns remote and local block lists at their *ends* (to skip blocks P already
+    has), which is right only when the lists cover the same tokens: a holding longer than
+    what P loads would otherwise be read from its tail.
+    """
+    block_size = int(params.get(BLOCK_SIZE_KEY) or 0)
+    if block_size < 1:
+        return
+    keep = cdiv(loaded_tokens, block_size)
+    params["remote_block_ids"] = [list(group)[:keep] for group in params["remote_block_ids"]]

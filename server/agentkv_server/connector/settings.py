@@ -1,0 +1,76 @@
+"""The connector's own settings, read once from ``kv_connector_extra_config`` and the environment.
+
+Upstream NixlConnector keys (``bidirectional_kv_xfer``, ``decoder_kv_blocks_ttl``,
+``num_threads``, ...) keep their meaning; agentkv's keys are prefixed ``agentkv_`` so the two
+never collide.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentkv_server.errors import ConfigError
+
+__all__ = ["DEFAULT_RETENTION_SECONDS", "ConnectorSettings"]
+
+# Upstream's ``decoder_kv_blocks_ttl`` default: how long D keeps a finished request's blocks.
+DEFAULT_RETENTION_SECONDS: Final = 480.0
+
+ROUTER_URL_ENV: Final = "AGENTKV_ROUTER_URL"
+SECRET_ENV: Final = "AGENTKV_SECRET"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectorSettings:
+    """Everything ``AgentKVConnector`` adds to NixlConnector's configuration.
+
+    ``default_retention_seconds`` applies when a request names no retention; requests may ask
+    for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` bounds how long
+    a prefill engine waits for one pull before it recomputes instead.
+    """
+
+    default_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    max_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    router_url: str | None = None
+    secret: str | None = None
+    report_queue_size: int = 1024
+    report_timeout_seconds: float = 2.0
+    pull_timeout_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("default_retention_seconds", "max_retention_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("report_timeout_seconds", "pull_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.report_queue_size < 1:
+            raise ConfigError(f"report_queue_size must be >= 1, got {self.report_queue_size}")
+
+    @property
+    def report_url(self) -> str | None:
+        """Where finished holdings are reported (docs/protocol.md section 5), if anywhere."""
+        if not self.router_url:
+            return None
+        return self.router_url.rstrip("/") + "/internal/v1/kv-holdings"
+
+    @classmethod
+    def from_extra_config(
+        cls, extra: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+    ) -> ConnectorSettings:
+        """Read ``kv_connector_extra_config``; the router URL and secret fall back to the env."""
+        default_retention = float(extra.get("decoder_kv_blocks_ttl", DEFAULT_RETENTION_SECONDS))
+        return cls(
+            default_retention_seconds=default_retention,
+            max_retention_seconds=float(
+                extra.get("agentkv_max_retention_seconds", default_retention)
+            ),
+            router_url=extra.get("agentkv_router_url") or environ.get(ROUTER_URL_ENV) or None,
+            secret=extra.get("agentkv_secret") or environ.get(SECRET_ENV) or None,
+            report_queue_size=int(extra.get("agentkv_report_queue_size", 1024)),
+            report_timeout_seconds=float(extra.get("agentkv_report_timeout_seconds", 2.0)),
+            pull_timeout_seconds=float(extra.get("agentkv_pull_timeout_seconds", 30.0)),
+        )

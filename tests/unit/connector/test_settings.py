@@ -1,0 +1,56 @@
+"""Connector settings from kv_connector_extra_config and the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv_server.connector.settings import ConnectorSettings
+from agentkv_server.errors import ConfigError
+
+
+def test_defaults_follow_upstream_ttl() -> None:
+    settings = ConnectorSettings.from_extra_config({}, environ={})
+    assert settings.default_retention_seconds == settings.max_retention_seconds == 480.0
+    assert settings.report_url is None
+
+
+def test_upstream_ttl_sets_default_and_cap() -> None:
+    settings = ConnectorSettings.from_extra_config({"decoder_kv_blocks_ttl": 60}, environ={})
+    assert (settings.default_retention_seconds, settings.max_retention_seconds) == (60.0, 60.0)
+
+
+def test_agentkv_keys() -> None:
+    settings = ConnectorSettings.from_extra_config(
+        {
+            "agentkv_max_retention_seconds": 900,
+            "agentkv_router_url": "http://r:8000/",
+            "agentkv_secret": "s",
+            "agentkv_pull_timeout_seconds": 5,
+        },
+        environ={},
+    )
+    assert settings.max_retention_seconds == 900.0
+    assert settings.report_url == "http://r:8000/internal/v1/kv-holdings"
+    assert settings.secret == "s"
+    assert settings.pull_timeout_seconds == 5.0
+
+
+def test_router_url_and_secret_fall_back_to_the_environment() -> None:
+    env = {"AGENTKV_ROUTER_URL": "http://env:1", "AGENTKV_SECRET": "e"}
+    settings = ConnectorSettings.from_extra_config({}, environ=env)
+    assert (settings.router_url, settings.secret) == ("http://env:1", "e")
+    explicit = ConnectorSettings.from_extra_config({"agentkv_secret": "x"}, environ=env)
+    assert explicit.secret == "x"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"agentkv_max_retention_seconds": -1},
+        {"agentkv_pull_timeout_seconds": 0},
+        {"agentkv_report_queue_size": 0},
+    ],
+)
+def test_impossible_values_are_refused(extra: dict) -> None:
+    with pytest.raises(ConfigError):
+        ConnectorSettings.from_extra_config(extra, environ={})
