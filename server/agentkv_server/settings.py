@@ -29,10 +29,19 @@ class Timeouts(_Frozen):
 
     connect_s: float = Field(2.0, gt=0, description="TCP connect to an engine")
     prefill_s: float = Field(120.0, gt=0, description="whole prefill step (P answers max_tokens=1)")
+    pull_s: float = Field(
+        30.0,
+        gt=0,
+        description="a prefill step that pulls held KV; past it the pull counts as stalled "
+        "and P recomputes (a holder dying mid-transfer can leave the step waiting)",
+    )
     first_token_s: float = Field(120.0, gt=0, description="decode step until its first byte")
     decode_s: float = Field(600.0, gt=0, description="whole decode step, streaming included")
     health_s: float = Field(2.0, gt=0, description="one GET /health probe")
     release_s: float = Field(5.0, gt=0, description="a release request to a decode engine")
+    store_s: float = Field(
+        0.5, gt=0, description="one session-store (Redis) call; past it the turn recomputes"
+    )
 
 
 class RetentionSettings(_Frozen):
@@ -88,14 +97,31 @@ class Settings(_Frozen):
         default_factory=lambda: SecretStr(secrets.token_urlsafe(24)),
         description="shared with decode engines' connectors for the holdings report endpoint",
     )
+    api_keys: tuple[SecretStr, ...] = Field(
+        (), description="clients' keys (Authorization: Bearer); none: no authentication"
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_header_count: int = Field(100, gt=0, description="request headers per request")
+    max_header_bytes: int = Field(
+        16 * 1024, gt=0, description="request line target plus all header names and values"
+    )
     max_sessions: int = Field(100_000, gt=0, description="bound of the session index (LRU)")
     max_connections: int = Field(1000, gt=0, description="upstream connection pool size")
     decode_attempts: int = Field(2, ge=1, description="decode engines tried before giving up")
     health_interval_s: float = Field(5.0, gt=0)
+    store_retry_s: float = Field(
+        5.0, gt=0, description="after a session-store failure, recompute without it this long"
+    )
     timeouts: Timeouts = Timeouts()
     retention: RetentionSettings = RetentionSettings()
     cost: CostModelSettings = CostModelSettings()
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        if any(len(key.get_secret_value()) < 16 for key in keys):
+            raise ValueError("API keys must be at least 16 characters long")
+        return keys
 
     @field_validator("prefill_urls", "decode_urls")
     @classmethod

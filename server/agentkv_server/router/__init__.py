@@ -5,6 +5,7 @@ Start one with ``agentkv router --prefill URL --decode URL`` or, in code,
 """
 
 from agentkv_server.router.app import RouterState, create_app
+from agentkv_server.router.auth import AccessPolicy, tenant_id
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.policy import (
@@ -17,9 +18,11 @@ from agentkv_server.router.policy import (
     make_policy,
 )
 from agentkv_server.router.redis_store import RedisStore
+from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, InMemoryStore, SessionStore, Ticket
 
 __all__ = [
+    "AccessPolicy",
     "CostModelPolicy",
     "Decision",
     "Holding",
@@ -27,6 +30,7 @@ __all__ = [
     "NeverPolicy",
     "PrefillSample",
     "RedisStore",
+    "ResilientStore",
     "ReusePolicy",
     "RouterError",
     "RouterMetrics",
@@ -36,4 +40,5 @@ __all__ = [
     "UpstreamPolicy",
     "create_app",
     "make_policy",
+    "tenant_id",
 ]

@@ -7,6 +7,7 @@ Routes:
   POST   /internal/v1/kv-holdings                 decode engines' holding reports (shared secret)
   GET    /health, /metrics                        engine health; Prometheus text
 
+Who may call which is decided before any route runs (guard.py, auth.py, docs/security.md).
 Everything that lives as long as the app (the aiohttp session, the store, the health loop) is
 created in the lifespan and closed with it. Tests drive the app in-process with
 ``httpx.ASGITransport`` inside ``app.router.lifespan_context(app)``.
@@ -15,7 +16,6 @@ created in the lifespan and closed with it. Tests drive the app in-process with
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,21 +27,27 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentkv import protocol
+from agentkv_server.router.auth import (
+    HEADER_SECRET,
+    METRICS_PATH,
+    REPORT_PATH,
+    AccessPolicy,
+    session_key,
+)
 from agentkv_server.router.errors import RouterError, install_error_handlers
+from agentkv_server.router.guard import TENANT_STATE, RequestGuard
 from agentkv_server.router.holdings import HoldingKeeper
-from agentkv_server.router.intake import read_request
+from agentkv_server.router.intake import read_json, read_request
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.orchestrator import Orchestrator
 from agentkv_server.router.placement import EnginePool, HealthMonitor
 from agentkv_server.router.policy import ReusePolicy, make_policy
 from agentkv_server.router.redis_store import RedisStore
+from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
 from agentkv_server.settings import Settings
 
 __all__ = ["HEADER_SECRET", "REPORT_PATH", "RouterState", "create_app"]
-
-REPORT_PATH = "/internal/v1/kv-holdings"
-HEADER_SECRET = "x-agentkv-secret"
 
 
 @dataclass
@@ -53,7 +59,7 @@ class RouterState:
     decode: EnginePool
     policy: ReusePolicy
     metrics: RouterMetrics
-    store: SessionStore
+    store: ResilientStore
     http: aiohttp.ClientSession
     keeper: HoldingKeeper
     health: HealthMonitor
@@ -83,6 +89,15 @@ def create_app(
         title="agentkv router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        policy=AccessPolicy(
+            api_keys=[key.get_secret_value() for key in settings.api_keys],
+            secret=settings.secret.get_secret_value(),
+        ),
+        max_header_count=settings.max_header_count,
+        max_header_bytes=settings.max_header_bytes,
+    )
     _add_routes(app)
     return app
 
@@ -92,12 +107,17 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
         connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
         raise_for_status=False,
     )
-    store = store or _make_store(settings)
+    metrics = RouterMetrics()
+    resilient = ResilientStore(
+        store or _make_store(settings),
+        metrics=metrics,
+        timeout_s=settings.timeouts.store_s,
+        retry_after_s=settings.store_retry_s,
+    )
     prefill = EnginePool("prefill", settings.prefill_urls)
     decode = EnginePool("decode", settings.decode_urls, last_resort=True)
-    metrics = RouterMetrics()
     keeper = HoldingKeeper(
-        store,
+        resilient,
         http,
         safety_margin_s=settings.retention.safety_margin_s,
         release_timeout_s=settings.timeouts.release_s,
@@ -109,7 +129,7 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
         decode=decode,
         policy=policy,
         metrics=metrics,
-        store=store,
+        store=resilient,
         http=http,
         keeper=keeper,
         health=HealthMonitor(
@@ -128,6 +148,7 @@ def _make_store(settings: Settings) -> SessionStore:
     if settings.redis_url:
         return RedisStore.from_url(
             settings.redis_url,
+            timeout_s=settings.timeouts.store_s,
             prefix=settings.redis_prefix,
             max_sessions=settings.max_sessions,
             ticket_ttl_s=ticket_ttl_s,
@@ -139,19 +160,25 @@ def _state(request: Request) -> RouterState:
     return request.app.state.router
 
 
+def _tenant(request: Request) -> str | None:
+    return getattr(request.state, TENANT_STATE, None)
+
+
 def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         started = time.monotonic()
         state = _state(request)
-        turn = await read_request(request, "chat", state.settings.max_body_bytes)
+        turn = await read_request(request, "chat", state.settings.max_body_bytes, _tenant(request))
         return await state.orchestrator.serve(turn, started)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         started = time.monotonic()
         state = _state(request)
-        turn = await read_request(request, "completion", state.settings.max_body_bytes)
+        turn = await read_request(
+            request, "completion", state.settings.max_body_bytes, _tenant(request)
+        )
         return await state.orchestrator.serve(turn, started)
 
     @app.get("/v1/models")
@@ -177,7 +204,15 @@ def _add_routes(app: FastAPI) -> None:
             raise RouterError(
                 400, "Invalid session id.", param="session_id", code="invalid_session_id"
             )
-        holding, released = await _state(request).keeper.end(session_id)
+        state = _state(request)
+        holding, released = await state.keeper.end(session_key(_tenant(request), session_id))
+        if holding is None and not state.store.available:
+            raise RouterError(
+                503,
+                "The session store is unavailable; try again later.",
+                type="server_error",
+                code="store_unavailable",
+            )
         if holding is None:
             raise RouterError(
                 404,
@@ -197,23 +232,11 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post(REPORT_PATH, status_code=204)
     async def report_holding(request: Request) -> Response:
+        # The guard has checked the shared secret.
         state = _state(request)
-        offered = request.headers.get(HEADER_SECRET, "")
-        expected = state.settings.secret.get_secret_value()
-        if not secrets.compare_digest(offered.encode(), expected.encode()):
-            raise RouterError(
-                401,
-                "Missing or wrong x-agentkv-secret.",
-                type="authentication_error",
-                code="invalid_secret",
-            )
-        try:
-            report = await request.json()
-        except ValueError:
-            raise RouterError(400, "Report is not valid JSON.", code="invalid_json") from None
+        report = await read_json(request, state.settings.max_body_bytes)
         if not (
-            isinstance(report, dict)
-            and isinstance(report.get("ticket"), str)
+            isinstance(report.get("ticket"), str)
             and isinstance(report.get("kv_transfer_params"), dict)
         ):
             raise RouterError(
@@ -228,19 +251,21 @@ def _add_routes(app: FastAPI) -> None:
     async def health(request: Request) -> Response:
         state = _state(request)
         engines = [*state.prefill.engines, *state.decode.engines]
-        status = "ok" if all(engine.healthy for engine in engines) else "degraded"
+        healthy = all(engine.healthy for engine in engines) and state.store.available
+        status = "ok" if healthy else "degraded"
         if not state.decode.any_healthy():
             status = "unavailable"
         body = {
             "status": status,
             "policy": state.policy.name,
-            "store": "redis" if isinstance(state.store, RedisStore) else "memory",
+            "store": "redis" if isinstance(state.store.inner, RedisStore) else "memory",
+            "store_available": state.store.available,
             "prefill": [engine.snapshot() for engine in state.prefill.engines],
             "decode": [engine.snapshot() for engine in state.decode.engines],
         }
         return JSONResponse(body, status_code=200 if state.decode.any_healthy() else 503)
 
-    @app.get("/metrics")
+    @app.get(METRICS_PATH)
     async def metrics(request: Request) -> Response:
         state = _state(request)
         text = state.metrics.render(await state.store.count())

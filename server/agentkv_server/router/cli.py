@@ -7,6 +7,7 @@ options and builds the same :class:`~agentkv_server.settings.Settings`.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ __all__ = ["add_arguments", "configure", "run", "settings_from_args"]
 logger = logging.getLogger(__name__)
 
 SECRET_ENV = "AGENTKV_SECRET"
+API_KEYS_ENV = "AGENTKV_API_KEYS"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secret",
         help=f"shared secret for engines' holding reports (default ${SECRET_ENV}, else generated)",
+    )
+    parser.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        metavar="KEY",
+        help=f"a client API key (repeatable; default ${API_KEYS_ENV}, comma-separated): "
+        "clients must send 'Authorization: Bearer KEY' and get their own session namespace",
     )
     parser.add_argument("--prefill-timeout", type=float, dest="prefill_s", metavar="S")
     parser.add_argument("--first-token-timeout", type=float, dest="first_token_s", metavar="S")
@@ -93,6 +103,9 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     secret = args.secret or os.environ.get(SECRET_ENV) or data.get("secret")
     if secret:
         data["secret"] = secret
+    api_keys = getattr(args, "api_keys", None) or _split(os.environ.get(API_KEYS_ENV, ""))
+    if api_keys:
+        data["api_keys"] = api_keys
     data.update(overrides)
     try:
         return Settings.model_validate(data)
@@ -119,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
             "turns' holdings (non-streamed turns still reuse)",
             SECRET_ENV,
         )
+    if not settings.api_keys and not _is_loopback(settings.host):
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach it can use the engines "
+            "(docs/security.md)",
+            settings.host,
+        )
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -127,3 +146,16 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
     )
     return 0
+
+
+def _split(keys: str) -> list[str]:
+    return [key.strip() for key in keys.split(",") if key.strip()]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -5,13 +5,18 @@ Body: ``{"error": {"message": str, "type": str, "param": str | None, "code": str
 
 from __future__ import annotations
 
-from fastapi import Request
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentkv_server.errors import AgentKVServerError
 
 __all__ = ["RouterError", "error_response", "install_error_handlers"]
+
+logger = logging.getLogger(__name__)
 
 
 class RouterError(AgentKVServerError):
@@ -25,6 +30,7 @@ class RouterError(AgentKVServerError):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -32,10 +38,16 @@ class RouterError(AgentKVServerError):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def response(self) -> JSONResponse:
         return error_response(
-            self.status, self.message, type=self.type, param=self.param, code=self.code
+            self.status,
+            self.message,
+            type=self.type,
+            param=self.param,
+            code=self.code,
+            headers=self.headers,
         )
 
 
@@ -46,10 +58,11 @@ def error_response(
     type: str = "invalid_request_error",
     param: str | None = None,
     code: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """An OpenAI-format error response."""
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _router_error(_: Request, exc: Exception) -> JSONResponse:
@@ -64,7 +77,14 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, str(exc.detail), type=kind)
 
 
-def install_error_handlers(app) -> None:
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # A bug, not the client's fault: still an answer every OpenAI client can read.
+    logger.exception("unexpected error serving %s %s", request.method, request.url.path)
+    return error_response(500, "The router failed unexpectedly.", type="server_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app answers OpenAI-shaped."""
     app.add_exception_handler(RouterError, _router_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

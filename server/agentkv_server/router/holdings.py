@@ -17,7 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from agentkv_server.router.sessions import Holding, SessionStore, Ticket, holding_from_params
+from agentkv_server.router.resilient_store import ResilientStore
+from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
 __all__ = ["HoldingKeeper"]
 
@@ -25,11 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 class HoldingKeeper:
-    """The router's side of the holdings protocol, over one :class:`SessionStore`."""
+    """The router's side of the holdings protocol, over the session store."""
 
     def __init__(
         self,
-        store: SessionStore,
+        store: ResilientStore,
         http: aiohttp.ClientSession,
         *,
         safety_margin_s: float,
@@ -75,9 +76,9 @@ class HoldingKeeper:
         self.release_soon(losers)
         return None if holding in losers else holding
 
-    async def end(self, session_id: str) -> tuple[Holding | None, bool]:
+    async def end(self, key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
-        holding = await self.store.end(session_id, time.time())
+        holding = await self.store.end(key, time.time())
         if holding is None:
             return None, False
         return holding, await self.release(holding)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,9 +18,10 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from agentkv import protocol
+from agentkv_server.router.auth import session_key
 from agentkv_server.router.errors import RouterError
 
-__all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_request"]
+__all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_json", "read_request"]
 
 Endpoint = Literal["chat", "completion"]
 
@@ -27,6 +29,8 @@ Endpoint = Literal["chat", "completion"]
 _STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, "kv_transfer_params")
 # Client headers worth passing on to engines (an engine started with --api-key checks it).
 _FORWARDED_HEADERS = ("authorization",)
+# RFC 9110 5.5: no control characters but tab in a field value (aiohttp refuses to send them).
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
 
 
@@ -52,19 +56,29 @@ class ClientRequest:
     session_id: str | None
     hints: TurnHints
     headers: dict[str, str]
+    tenant: str | None = None
+
+    @property
+    def session_key(self) -> str | None:
+        """The session's key in the store: the client's id within its tenant's namespace."""
+        return None if self.session_id is None else session_key(self.tenant, self.session_id)
 
 
-async def read_request(request: Request, endpoint: Endpoint, max_body_bytes: int) -> ClientRequest:
-    """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input."""
-    body = _parse_json(await _read_body(request, max_body_bytes))
+async def read_request(
+    request: Request, endpoint: Endpoint, max_body_bytes: int, tenant: str | None = None
+) -> ClientRequest:
+    """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input.
+
+    ``tenant`` (the authenticated caller) namespaces the session id. When the router
+    authenticates clients their ``authorization`` header is its own and is not forwarded.
+    """
+    body = await read_json(request, max_body_bytes)
     _check_fields(body, endpoint)
     hints = _resolve_hints(request.headers, body.get(protocol.BODY_FIELD))
     session_id = _resolve_session_id(request.headers, body)
     for name in _STRIPPED_FIELDS:
         body.pop(name, None)
-    headers = {
-        name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers
-    }
+    headers = _forwarded_headers(request.headers) if tenant is None else {}
     return ClientRequest(
         endpoint=endpoint,
         body=body,
@@ -73,13 +87,27 @@ async def read_request(request: Request, endpoint: Endpoint, max_body_bytes: int
         session_id=session_id,
         hints=hints,
         headers=headers,
+        tenant=tenant,
     )
+
+
+def _forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    forwarded = {name: headers[name] for name in _FORWARDED_HEADERS if name in headers}
+    for name, value in forwarded.items():
+        if _CONTROL_CHARACTERS.search(value):
+            raise _invalid(name, "control characters in a header value")
+    return forwarded
+
+
+async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """The request's body as a JSON object, read up to ``max_body_bytes`` (413 beyond)."""
+    return _parse_json(await _read_body(request, max_body_bytes))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):  # not "²", which int() refuses
             raise RouterError(400, "Invalid Content-Length header.", code="invalid_request")
         if int(declared) > limit:
             raise _too_large(limit)
@@ -97,15 +125,26 @@ def _too_large(limit: int) -> RouterError:
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
+    # ValueError also covers undecodable bytes, NaN/Infinity (not JSON, and engines refuse
+    # them) and integers past Python's digit limit; RecursionError, absurdly deep nesting.
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
         raise RouterError(
-            400, f"Request body is not valid JSON: {exc}", code="invalid_json"
+            400, f"Request body is not valid JSON: {_short(exc)}", code="invalid_json"
         ) from None
     if not isinstance(body, dict):
         raise RouterError(400, "Request body must be a JSON object.", code="invalid_json")
     return body
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:

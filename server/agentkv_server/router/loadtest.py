@@ -16,6 +16,13 @@ cost-model priors: a long agent history and a short chat.
 Latency percentiles at concurrency 1 and throughput at concurrency 1 and 32. The load generator
 is Python (aiohttp, in this process): its own cost is in every row, so compare rows, not
 absolute figures with a C load generator. Not a test: nothing here asserts a number.
+
+With ``--sessions N`` it runs the session load instead: N agent sessions of ``--turns`` turns
+at ``--concurrency`` (testing/workload.py: every answer checked), through a router whose index
+is bounded at ``--max-sessions``, sampling the router's ``agentkv_sessions_held`` and resident
+memory as it goes. Baseline: the same turns sent straight to the stubs, P step then D step, as
+the router would, so that the difference is what the router adds. A second run gives the stub
+model a prefill cost so that turns pull held KV (reuse) under the same load.
 """
 
 from __future__ import annotations
@@ -36,9 +43,12 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from agentkv import protocol
+from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing.harness import conversation
+from agentkv_server.testing.workload import Send, WorkloadReport, run_sessions
 
-__all__ = ["LevelResult", "TurnRecord", "main"]
+__all__ = ["LevelResult", "SessionLoadResult", "TurnRecord", "main"]
 
 _BODY = {
     "model": "stub-model",
@@ -237,6 +247,155 @@ async def run(args: argparse.Namespace) -> list[LevelResult]:
     return results
 
 
+@dataclass(frozen=True)
+class SessionLoadResult:
+    target: str
+    sent: int
+    succeeded: int
+    correct: int | None  # None: a baseline, whose answers are the engines' own
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    paths: dict[str, int]
+    max_sessions_held: int | None = None
+    rss_mib: tuple[float, float, float] | None = None  # router at start, peak, end
+
+
+def _session_sender(http: aiohttp.ClientSession, router_url: str) -> Send:
+    async def send(session: str, body: dict) -> tuple[int, dict[str, str], object]:
+        async with http.post(
+            f"{router_url}/v1/chat/completions",
+            json=body,
+            headers={protocol.HEADER_SESSION_ID: session},
+        ) as response:
+            answer = await response.json() if response.status == 200 else None
+            return response.status, dict(response.headers), answer
+
+    return send
+
+
+def _direct_sender(http: aiohttp.ClientSession, prefill_url: str, decode_url: str) -> Send:
+    """What the router does for a cold turn, without the router: P step, then D step."""
+    path = "/v1/chat/completions"
+
+    async def send(session: str, body: dict) -> tuple[int, dict[str, str], object]:
+        prefill = {**body, "max_tokens": 1, "kv_transfer_params": COLD_PREFILL_PARAMS}
+        async with http.post(prefill_url + path, json=prefill) as response:
+            params = (await response.json())["kv_transfer_params"]
+        decode = {**body, "kv_transfer_params": {**params, "agentkv_retention_seconds": 0}}
+        async with http.post(decode_url + path, json=decode) as response:
+            return response.status, dict(response.headers), await response.json()
+
+    return send
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _sessions_held(http: aiohttp.ClientSession, router_url: str) -> int:
+    async with http.get(f"{router_url}/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith("agentkv_sessions_held "):
+                return int(float(line.split()[1]))
+    return 0
+
+
+def _summary(
+    target: str, report: WorkloadReport, *, checked: bool, **extra: object
+) -> SessionLoadResult:
+    return SessionLoadResult(
+        target=target,
+        sent=report.sent,
+        succeeded=report.succeeded,
+        correct=report.correct if checked else None,
+        requests_per_s=report.sent / report.seconds,
+        p50_ms=report.percentile_ms(50),
+        p99_ms=report.percentile_ms(99),
+        paths={str(path): count for path, count in report.paths().items()},
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+async def session_load(args: argparse.Namespace, prefill_us: float) -> list[SessionLoadResult]:
+    """The session load through a router (and, with free prefill, straight to the stubs)."""
+    secret = secrets.token_urlsafe(16)
+    port = _free_port()
+    router_url = f"http://127.0.0.1:{port}"
+    stub_argv = [sys.executable, "-m", "agentkv_server.testing", "--engines", "2"]
+    stub_argv += ["--router-url", router_url, "--secret", secret]
+    stub_argv += ["--prefill-us-per-token", str(prefill_us)]
+    load = {"sessions": args.sessions, "turns": args.turns, "concurrency": args.concurrency}
+    label = f"prefill {prefill_us:g} us/token"
+    results = []
+    connector = aiohttp.TCPConnector(limit=args.concurrency + 2)
+    with _process(stub_argv, stdout=subprocess.PIPE) as stubs:
+        assert stubs.stdout is not None
+        prefill_url, decode_url = json.loads(stubs.stdout.readline())
+        async with aiohttp.ClientSession(connector=connector) as http:
+            if not prefill_us:
+                direct = await run_sessions(_direct_sender(http, prefill_url, decode_url), **load)
+                results.append(_summary(f"direct P+D, {label}", direct, checked=False))
+            argv = _router_argv(port, secret, [prefill_url], [decode_url])
+            argv += ["--max-sessions", str(args.max_sessions)]
+            with _process(argv) as router:
+                await _wait_healthy(router_url)
+                send = _session_sender(http, router_url)
+                await run_sessions(send, sessions=8, turns=2, concurrency=4)  # warm-up
+                rss = [_rss_mib(router.pid)]
+                held = [0]
+                done = asyncio.Event()
+
+                async def sample() -> None:
+                    while not done.is_set():
+                        held.append(await _sessions_held(http, router_url))
+                        rss.append(_rss_mib(router.pid))
+                        await asyncio.sleep(0.1)
+
+                sampler = asyncio.create_task(sample())
+                report = await run_sessions(send, **load)
+                done.set()
+                await sampler
+                held.append(await _sessions_held(http, router_url))
+                rss.append(_rss_mib(router.pid))
+    results.append(
+        _summary(
+            f"router, {label}",
+            report,
+            checked=True,
+            max_sessions_held=max(held),
+            rss_mib=(rss[0], max(rss), rss[-1]),
+        )
+    )
+    return results
+
+
+def _session_table(results: list[SessionLoadResult], args: argparse.Namespace) -> str:
+    header = (
+        "| target | sent | ok | correct | req/s | p50 ms | p99 ms | kv paths | "
+        f"max held (bound {args.max_sessions}) | router RSS MiB start/peak/end |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(r.paths.items()) if k != "None") or "-"
+        rss = "/".join(f"{m:.0f}" for m in r.rss_mib) if r.rss_mib else "-"
+        lines.append(
+            f"| {r.target} | {r.sent} | {r.succeeded} | {'-' if r.correct is None else r.correct}"
+            f" | {r.requests_per_s:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {paths} | "
+            f"{'-' if r.max_sessions_held is None else r.max_sessions_held} | {rss} |"
+        )
+    direct, routed = results[0], results[1]
+    lines.append(
+        f"\nWith free prefill, the router adds {routed.p50_ms - direct.p50_ms:.1f} ms p50 and "
+        f"{routed.p99_ms - direct.p99_ms:.1f} ms p99 per turn at concurrency {args.concurrency}."
+    )
+    return "\n".join(lines)
+
+
 def _table(results: list[LevelResult]) -> str:
     lines = [
         "| target | concurrency | req/s | p50 ms | p99 ms | errors |",
@@ -261,7 +420,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the stub model's prefill cost for the multi-turn decisions",
     )
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--sessions", type=int, help="run the session load with this many")
+    parser.add_argument("--turns", type=int, default=5, help="per session (session load)")
+    parser.add_argument("--concurrency", type=int, default=32, help="(session load)")
+    parser.add_argument(
+        "--max-sessions", type=int, default=64, help="the router's index bound (session load)"
+    )
     args = parser.parse_args(argv)
+    if args.sessions:
+        return _main_sessions(args)
     results = asyncio.run(run(args))
     turns = asyncio.run(decisions(args))
     print(_table(results))
@@ -288,6 +455,16 @@ def main(argv: list[str] | None = None) -> int:
                 out,
                 indent=2,
             )
+    return 0
+
+
+def _main_sessions(args: argparse.Namespace) -> int:
+    results = asyncio.run(session_load(args, prefill_us=0.0))
+    results += asyncio.run(session_load(args, prefill_us=args.prefill_us_per_token))
+    print(_session_table(results, args))
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump([asdict(r) for r in results], out, indent=2)
     return 0
 
 

@@ -5,6 +5,8 @@
 - ``agentkv_ttft_seconds{path}`` (histogram: request arrival to the first byte sent back)
 - ``agentkv_sessions_held`` (gauge, refreshed from the session store at each scrape)
 - ``agentkv_engine_errors_total{role="prefill|decode",kind}``
+- ``agentkv_store_up`` (gauge: 0 while the session store is out and turns recompute)
+- ``agentkv_store_errors_total{op}`` (failed session-store calls, by operation)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -18,7 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 __all__ = ["ErrorKind", "KVPath", "RouterMetrics"]
 
 KVPath = Literal["reuse", "recompute", "fallback"]
-ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream"]
+ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall"]
+"""``stall``: a prefill step that pulled KV ran past ``timeouts.pull_s`` (P is not blamed)."""
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -57,6 +60,17 @@ class RouterMetrics:
             "agentkv_engine_errors_total",
             "Failed engine steps, by role and kind.",
             ["role", "kind"],
+            registry=self.registry,
+        )
+        self.store_up = Gauge(
+            "agentkv_store_up",
+            "1 while the session store answers; 0 while the router serves without it.",
+            registry=self.registry,
+        )
+        self.store_errors = Counter(
+            "agentkv_store_errors_total",
+            "Failed session-store calls, by operation.",
+            ["op"],
             registry=self.registry,
         )
         for path in ("reuse", "recompute", "fallback"):

@@ -109,6 +109,9 @@ class Orchestrator:
         self._prefill_timeout = aiohttp.ClientTimeout(
             total=timeouts.prefill_s, connect=timeouts.connect_s
         )
+        self._pull_timeout = aiohttp.ClientTimeout(
+            total=min(timeouts.pull_s, timeouts.prefill_s), connect=timeouts.connect_s
+        )
         self._decode_timeout = aiohttp.ClientTimeout(
             total=timeouts.decode_s, connect=timeouts.connect_s
         )
@@ -123,27 +126,27 @@ class Orchestrator:
         finally:
             self._release_unpulled(turn)
         response = await self._decode_step(turn)
-        if request.hints.session_end and request.session_id is not None:
-            await self._end_session(request.session_id)
+        if request.hints.session_end and request.session_key is not None:
+            await self._end_session(request.session_key)
         return response
 
-    async def _end_session(self, session_id: str) -> None:
+    async def _end_session(self, key: str) -> None:
         """After a session's last turn: refuse holdings of turns still in flight, free any kept."""
-        holding = await self._keeper.store.end(session_id, time.time())
+        holding = await self._keeper.store.end(key, time.time())
         if holding is not None:
             self._keeper.release_soon([holding])
 
     async def _plan(self, turn: _Turn) -> None:
-        session_id = turn.request.session_id
-        if session_id is None:
+        key = turn.request.session_key
+        if key is None:
             return
-        holding = await self._keeper.store.take(session_id)
+        holding = await self._keeper.store.take(key)
         if holding is None:
             return
         turn.holding = holding
         decision = self._policy.decide(holding, time.time())
         if not decision.reuse:
-            logger.debug("session %s: recompute (%s)", session_id, decision.reason)
+            logger.debug("session %s: recompute (%s)", key, decision.reason)
             return
         holder = self._decode.get(holding.decode_url)
         if holder is None or not holder.healthy:
@@ -158,6 +161,7 @@ class Orchestrator:
         """
         excluded: list[Engine] = []
         while (engine := self._prefill.pick(exclude=excluded)) is not None:
+            pulling = turn.reuse
             params = self._prefill_params(turn)
             began = time.monotonic()
             try:
@@ -168,16 +172,18 @@ class Orchestrator:
                         _PATHS[turn.request.endpoint],
                         _prefill_body(turn.request.body, params),
                         turn.request.headers,
-                        self._prefill_timeout,
+                        self._pull_timeout if pulling else self._prefill_timeout,
                     )
             except EngineFailure as failure:
-                self._note_failure(turn, failure)
-                pulling = turn.reuse
+                # A pulling step out of time has stalled on the KV path (a holder that died
+                # mid-transfer leaves P's request waiting): that is no reason to drop P.
+                stalled = pulling and failure.kind == "timeout"
+                self._note_failure(turn, failure, stalled=stalled)
                 if failure.is_client_error and not pulling:
                     raise
                 if pulling:  # the pull may be what failed: retry cold, on this engine if it answers
                     turn.reuse, turn.fallback = False, True
-                if failure.engine_unreachable or not pulling:
+                if (failure.engine_unreachable and not stalled) or not pulling:
                     excluded.append(engine)
                 continue
             self._account_prefill(turn, answer, time.monotonic() - began)
@@ -226,7 +232,9 @@ class Orchestrator:
 
     async def _decode_step(self, turn: _Turn) -> Response:
         request = turn.request
-        retention_s = self._policy.retention_s(request.hints) if request.session_id else 0.0
+        # Without the store nothing could record this turn's KV: ask the engine to keep none.
+        keep = request.session_key is not None and self._keeper.store.available
+        retention_s = self._policy.retention_s(request.hints) if keep else 0.0
         prefer = turn.holding.decode_url if turn.holding is not None else None
         excluded: list[Engine] = []
         for _ in range(self._settings.decode_attempts):
@@ -248,12 +256,10 @@ class Orchestrator:
 
     async def _issue_ticket(self, turn: _Turn, engine: Engine, retention_s: float) -> str | None:
         """A ticket when this turn's KV is to be kept for the session's next turn."""
-        request = turn.request
-        if request.session_id is None or retention_s <= 0:
+        key = turn.request.session_key
+        if key is None or retention_s <= 0:
             return None
-        ticket = await self._keeper.issue(
-            request.session_id, engine.url, request.model, retention_s
-        )
+        ticket = await self._keeper.issue(key, engine.url, turn.request.model, retention_s)
         return ticket.ticket
 
     def _decode_body(self, turn: _Turn, retention_s: float, ticket: str | None) -> dict[str, Any]:
@@ -323,9 +329,13 @@ class Orchestrator:
             turn.path, time.monotonic() - turn.started, turn.reused_tokens, turn.computed_tokens
         )
 
-    def _note_failure(self, turn: _Turn, failure: EngineFailure) -> None:
-        logger.debug("%s", failure)
+    def _note_failure(self, turn: _Turn, failure: EngineFailure, *, stalled: bool = False) -> None:
         turn.failures.append(failure)
+        if stalled:
+            logger.warning("%s: the pull stalled; recomputing instead", failure)
+            self._metrics.record_engine_error(failure.engine.role, "stall")
+            return
+        logger.debug("%s", failure)
         self._metrics.record_engine_error(failure.engine.role, failure.kind)
         if failure.engine_unreachable:
             failure.engine.healthy = False

@@ -67,8 +67,10 @@ class RedisStore:
         self._offer = redis.register_script(_OFFER)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs) -> RedisStore:
-        return cls(Redis.from_url(url), **kwargs)
+    def from_url(cls, url: str, *, timeout_s: float | None = None, **kwargs) -> RedisStore:
+        """A store on a new client; ``timeout_s`` bounds each connect and each reply."""
+        client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        return cls(client, **kwargs)
 
     def _holding_key(self, session_id: str) -> str:
         return f"{self._prefix}h:{session_id}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_server.router.app import HEADER_SECRET, REPORT_PATH, RouterState, create_app
+from agentkv_server.router.sessions import SessionStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing.stub_engine import StubCluster, StubEngine
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import httpx
     from fastapi import FastAPI
 
-__all__ = ["InProcessRouter", "conversation", "in_process_router", "words"]
+__all__ = ["InProcessRouter", "conversation", "in_process_router", "serve_in_process", "words"]
 
 
 def words(n: int, tag: str = "x") -> str:
@@ -90,20 +91,39 @@ class InProcessRouter:
 
 
 @contextlib.asynccontextmanager
+async def serve_in_process(
+    settings: Settings, *, store: SessionStore | None = None, timeout_s: float = 5.0
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """A router app from ``settings``, running (lifespan entered), and a client bound to it.
+
+    The engines can be anything: stubs, or the real engines of the engine tier.
+    """
+    import httpx
+
+    app = create_app(settings, store=store)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://router", timeout=timeout_s) as c,
+    ):
+        yield app, c
+
+
+@contextlib.asynccontextmanager
 async def in_process_router(
     cluster: StubCluster,
     *,
     n_prefill: int = 1,
     n_decode: int = 1,
     engines: tuple[list[StubEngine], list[StubEngine]] | None = None,
+    store: SessionStore | None = None,
     **settings: Any,
 ) -> AsyncIterator[InProcessRouter]:
     """Start engines in ``cluster`` (or use ``engines``) and a router app in front of them.
 
-    ``settings`` are :class:`Settings` fields. The cluster's reporter is pointed at this app.
+    ``settings`` are :class:`Settings` fields; ``store`` (owned by the caller) replaces the
+    one they describe. The cluster's reporter is pointed at this app.
     """
-    import httpx
-
     if engines is None:
         engines = (
             [await cluster.start(f"p{i}") for i in range(n_prefill)],
@@ -116,13 +136,7 @@ async def in_process_router(
         decode_urls=tuple(e.url for e in decode),
         **options,
     )
-    app = create_app(config)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://router"
-        ) as client,
-    ):
+    async with serve_in_process(config, store=store) as (app, client):
         router = InProcessRouter(
             app, client, cluster, prefill, decode, config.secret.get_secret_value()
         )

@@ -43,6 +43,7 @@ __all__ = [
     "StubEngine",
     "count_prompt_tokens",
     "http_reporter",
+    "stub_answer",
 ]
 
 Reporter = Callable[[dict[str, Any]], Awaitable[None]]
@@ -53,6 +54,8 @@ Fault = Literal["error", "bad_request", "disconnect", "hang"]
 answer at all (until the client gives up)."""
 
 UPSTREAM_RETENTION_S = 480.0
+MAX_TOKENS = 4096
+"""The stub model's context: larger ``max_tokens`` are refused (400), as vLLM does."""
 _BLOCK_TOKENS = 16
 
 
@@ -151,8 +154,15 @@ class StubEngine:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body is not a JSON object")
         self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        if (problem := _invalid(body)) is not None:
+            return _error(400, problem)
         if self.faults:
             faulted = await self._suffer(self.faults.pop(0), request)
             if faulted is not None:
@@ -233,7 +243,7 @@ class StubEngine:
         if body.get("stream"):
             response = await self._stream(request, body, n)
         else:
-            answer = _completion_body(body, _words(n), prompt_tokens, n, None)
+            answer = _completion_body(body, stub_answer(n), prompt_tokens, n, None)
             answer["kv_transfer_params"] = holding
             response = web.json_response(answer)
         if ticket and holding is not None:
@@ -349,6 +359,28 @@ async def _deliver(reporter: Reporter, payload: dict[str, Any]) -> None:
         logger.debug("holding report failed: %r", exc)
 
 
+def _invalid(body: dict[str, Any]) -> str | None:
+    """Why vLLM would refuse ``body`` with a 400 (the parts the stub reads), or None."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            return "messages must be a list of objects with a 'role'"
+    elif not isinstance(body.get("prompt"), (str, list)):
+        return "prompt must be a string or a list"
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS
+        ):
+            return f"{name} must be an integer in [1, {MAX_TOKENS}]"
+    params = body.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        return "kv_transfer_params must be an object"
+    return None
+
+
 def count_prompt_tokens(body: dict[str, Any]) -> int:
     """The stub's tokenizer: words, plus two per chat message for the template."""
     if "messages" in body:
@@ -357,8 +389,9 @@ def count_prompt_tokens(body: dict[str, Any]) -> int:
     return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
 
 
-def _words(n: int) -> str:
-    return "".join(f"w{index} " for index in range(n))
+def stub_answer(max_tokens: int) -> str:
+    """What a stub engine generates for any prompt: ``max_tokens`` words."""
+    return "".join(f"w{index} " for index in range(max_tokens))
 
 
 def _completion_body(

@@ -24,6 +24,16 @@ CASES = [
     ),
     ("not utf-8", "/v1/chat/completions", b"\xff\xfe{}", {}, 400, "invalid_json"),
     ("not an object", "/v1/chat/completions", b"[1, 2]", {}, 400, "invalid_json"),
+    ("nested too deep", "/v1/chat/completions", b"[" * 2000 + b"]" * 2000, {}, 400, "invalid_json"),
+    ("NaN", "/v1/chat/completions", _chat(temperature=float("nan")), {}, 400, "invalid_json"),
+    (
+        "integer past the digit limit",
+        "/v1/chat/completions",
+        b'{"model": "m", "seed": ' + b"9" * 5000 + b"}",
+        {},
+        400,
+        "invalid_json",
+    ),
     (
         "missing model",
         "/v1/chat/completions",
@@ -107,7 +117,32 @@ CASES = [
         "invalid_value",
     ),
     ("agentkv not object", "/v1/chat/completions", _chat(agentkv=[1]), {}, 400, "invalid_value"),
-    ("oversized", "/v1/chat/completions", _chat(padding="x" * 5000), {}, 413, "request_too_large"),
+    # Found by test_fuzz.py: both raised inside the router (500) before they were handled.
+    (
+        "control character in a forwarded header",
+        "/v1/chat/completions",
+        _chat(),
+        {"authorization": "Bearer a\x01b"},
+        400,
+        "invalid_value",
+    ),
+    (
+        "non-ASCII digit as Content-Length",
+        "/v1/chat/completions",
+        _chat(),
+        {"content-length": "²".encode("latin-1")},
+        400,
+        "invalid_request",
+    ),
+    ("oversized", "/v1/chat/completions", _chat(padding="x" * 9000), {}, 413, "request_too_large"),
+    (
+        "oversized report",
+        "/internal/v1/kv-holdings",
+        json.dumps({"ticket": "x" * 9000, "kv_transfer_params": {}}).encode(),
+        {"x-agentkv-secret": "test-secret"},
+        413,
+        "request_too_large",
+    ),
 ]
 
 
@@ -119,7 +154,7 @@ CASES = [
 async def test_bad_input_is_refused_before_any_engine(
     make_router, path, body, headers, status, code
 ):
-    router = await make_router(max_body_bytes=4096)
+    router = await make_router(max_body_bytes=8192)
 
     response = await router.client.post(
         path, content=body, headers={"content-type": "application/json", **headers}

@@ -67,3 +67,23 @@ def test_bad_engine_url_is_a_config_error():
 def test_decode_engines_are_required():
     with pytest.raises(SystemExit):
         parse("--prefill", "http://p:1")
+
+
+def test_api_keys_from_options_or_environment(monkeypatch):
+    monkeypatch.setenv("AGENTKV_API_KEYS", "env-key-0123456789, env-key-9876543210")
+    from_env = parse("--decode", "http://d:1")
+    given = parse("--decode", "http://d:1", "--api-key", "cli-key-0123456789")
+
+    env_keys = settings_from_args(from_env, decode_urls=from_env.decode).api_keys
+    cli_keys = settings_from_args(given, decode_urls=given.decode).api_keys
+
+    assert [k.get_secret_value() for k in env_keys] == ["env-key-0123456789", "env-key-9876543210"]
+    assert [k.get_secret_value() for k in cli_keys] == ["cli-key-0123456789"]
+    assert "cli-key" not in repr(cli_keys)
+
+
+def test_short_api_key_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("AGENTKV_API_KEYS", raising=False)
+    args = parse("--decode", "http://d:1", "--api-key", "abc")
+    with pytest.raises(ConfigError, match="16 characters"):
+        settings_from_args(args, decode_urls=args.decode)

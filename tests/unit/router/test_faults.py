@@ -66,6 +66,23 @@ async def test_failed_pull_step_is_retried_cold(make_router):
     assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
 
 
+async def test_stalled_pull_is_retried_cold_without_dropping_the_prefill_engine(make_router):
+    router = await make_router(timeouts={"pull_s": 0.3})
+    await router.chat(conversation(1, 500), session="s1")
+    router.prefill[0].faults.append("hang")  # as when the holder dies mid-transfer
+
+    stalled = await router.chat(conversation(2, 500), session="s1")
+    after = await router.chat(conversation(3, 500), session="s1")
+
+    assert stalled.status_code == 200
+    assert stalled.headers["x-agentkv-kv-path"] == "fallback"
+    pull, cold = router.prefill[0].completions()[1:3]
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert router.state.prefill.engines[0].healthy is True
+    assert after.headers["x-agentkv-kv-path"] == "reuse"
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1
+
+
 async def test_unreachable_prefill_engine_is_replaced_by_another(make_router):
     router = await make_router(n_prefill=2)
     down, up = router.prefill
