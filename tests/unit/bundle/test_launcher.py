@@ -1,0 +1,103 @@
+"""Engine command lines and environments: what each engine needs to join the KV path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agentkv_server.bundle.launcher import (
+    AGENTKV_CONNECTOR,
+    NIXL_CONNECTOR,
+    ConnectorSpec,
+    EngineSpec,
+)
+
+
+def spec(**changes: object) -> EngineSpec:
+    base = {
+        "role": "decode",
+        "model": Path("/models/tiny"),
+        "served_name": "agentkv-tiny",
+        "port": 8200,
+        "side_channel_port": 5600,
+        "log_path": Path("/logs/decode.log"),
+        "cores": "1",
+    }
+    return EngineSpec(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_command_runs_the_api_server_module_with_the_agentkv_connector() -> None:
+    command = spec().command()
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(command, "--model") == "/models/tiny"
+    assert flag(command, "--served-model-name") == "agentkv-tiny"
+    assert (flag(command, "--host"), flag(command, "--port")) == ("127.0.0.1", "8200")
+    transfer = json.loads(flag(command, "--kv-transfer-config"))
+    assert transfer == {
+        "kv_connector": "AgentKVConnector",
+        "kv_connector_module_path": "agentkv_server.connector",
+        "kv_role": "kv_both",
+        "engine_id": "decode-8200",
+        "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "num_threads": 0},
+    }
+    assert flag(command, "--tool-call-parser") == "hermes"
+    assert "--enforce-eager" in command
+
+
+def test_upstream_connector_needs_no_module_path() -> None:
+    transfer = json.loads(flag(spec(connector=NIXL_CONNECTOR).command(), "--kv-transfer-config"))
+    assert transfer["kv_connector"] == "NixlConnector"
+    assert "kv_connector_module_path" not in transfer
+
+
+def test_pass_through_arguments_come_last_so_they_win() -> None:
+    command = spec(engine_args=("--max-model-len", "4096")).command()
+    assert command[-2:] == ["--max-model-len", "4096"]
+
+
+def test_cpu_environment_separates_engines() -> None:
+    env = spec().environment(base={"PATH": "/bin"})
+    assert env["PATH"] == "/bin"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert (env["UCX_TLS"], env["UCX_NET_DEVICES"]) == ("self,sm,tcp", "lo")
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_gpu_engines_get_no_cpu_settings_and_no_eager_mode() -> None:
+    gpu = spec(device="cuda", cores=None)
+    env = gpu.environment(base={})
+    assert not {"UCX_TLS", "UCX_NET_DEVICES", "VLLM_CPU_OMP_THREADS_BIND"} & env.keys()
+    assert "--enforce-eager" not in gpu.command()
+    transfer = json.loads(flag(gpu.command(), "--kv-transfer-config"))
+    assert transfer["kv_connector_extra_config"] == {"bidirectional_kv_xfer": True}
+
+
+def test_connector_extra_config_overrides_the_cpu_defaults() -> None:
+    connector = ConnectorSpec("AgentKVConnector", "agentkv_server.connector", {"num_threads": 2})
+    transfer = json.loads(flag(spec(connector=connector).command(), "--kv-transfer-config"))
+    assert transfer["kv_connector_extra_config"]["num_threads"] == 2
+
+
+def test_extra_environment_wins() -> None:
+    env = spec(env={"UCX_TLS": "tcp", "AGENTKV_SECRET": "s"}).environment(base={})
+    assert (env["UCX_TLS"], env["AGENTKV_SECRET"]) == ("tcp", "s")
+
+
+def test_default_connector_is_agentkvs() -> None:
+    assert spec().connector is AGENTKV_CONNECTOR
+    assert spec().url == "http://127.0.0.1:8200"
+
+
+def test_a_test_model_is_served_in_the_dtype_it_was_built_in(tmp_path: Path) -> None:
+    """vLLM's --dtype auto would serve fp32 weights as bf16."""
+    (tmp_path / "agentkv_model.json").write_text('{"dtype": "float32"}')
+    assert flag(spec(model=tmp_path).command(), "--dtype") == "float32"
+    assert flag(spec(model=tmp_path, dtype="bfloat16").command(), "--dtype") == "bfloat16"
+    assert "--dtype" not in spec(model=tmp_path / "other-model").command()

@@ -1,0 +1,66 @@
+"""Stack planning that needs no engine: core layout and configuration checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
+from agentkv_server.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("engines", "cores", "layout"),
+    [
+        (2, [0, 1], ["0", "1"]),
+        (2, [0, 1, 2, 3], ["0-1", "2-3"]),
+        (3, [0, 1, 2, 3, 4, 5, 6], ["0-1", "2-3", "4-5"]),
+        (2, [0, 2, 4, 6], ["0,2", "4,6"]),
+        (3, [0, 1], ["0", "1", "0"]),
+        (1, [5], ["5"]),
+    ],
+)
+def test_core_layout(engines: int, cores: list[int], layout: list[str]) -> None:
+    assert core_layout(engines, cores) == layout
+
+
+def test_core_layout_needs_a_core() -> None:
+    with pytest.raises(ConfigError):
+        core_layout(2, [])
+
+
+def test_a_stack_needs_a_decode_engine() -> None:
+    with pytest.raises(ConfigError):
+        StackConfig(decode=0)
+    with pytest.raises(ConfigError):
+        StackConfig(prefill=-1)
+
+
+def test_each_stack_gets_its_own_secret() -> None:
+    assert StackConfig().secret != StackConfig().secret
+    assert "secret" not in repr(StackConfig())
+
+
+def test_plan_gives_each_engine_its_own_ports_cores_and_log(tmp_path: Path) -> None:
+    config = StackConfig(
+        model=str(tmp_path), prefill=1, decode=2, cpu_cores=(0, 1, 2, 3, 4, 5), log_dir=tmp_path
+    )
+    specs = Stack(config).plan()
+    assert [spec.role for spec in specs] == ["prefill", "decode", "decode"]
+    assert [spec.cores for spec in specs] == ["0-1", "2-3", "4-5"]
+    ports = [port for spec in specs for port in (spec.port, spec.side_channel_port)]
+    assert len(set(ports)) == 6 and config.port not in ports
+    assert len({spec.log_path for spec in specs}) == 3
+    assert {spec.served_name for spec in specs} == {tmp_path.name}
+    for spec in specs:
+        assert spec.env == {
+            "AGENTKV_ROUTER_URL": "http://127.0.0.1:8000",
+            "AGENTKV_SECRET": config.secret,
+        }
+
+
+def test_plan_without_router_reports_nowhere_and_gpu_binds_no_cores(tmp_path: Path) -> None:
+    config = StackConfig(model=str(tmp_path), router=False, device="cuda", log_dir=tmp_path)
+    specs = Stack(config).plan()
+    assert all(spec.env == {} and spec.cores is None for spec in specs)
