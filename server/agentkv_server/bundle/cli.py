@@ -26,7 +26,7 @@ from agentkv_server.router.cli import settings_from_args
 __all__ = ["configure", "run", "stack_config"]
 
 # Router options that the stack itself decides.
-_STACK_OWNED = {"prefill_urls", "decode_urls", "host", "port", "secret"}
+_STACK_OWNED = {"prefill_urls", "decode_urls", "host", "port", "secret", "api_keys"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +107,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         engine_args=tuple(args.engine_args),
         router_settings=router_settings,
         secret=settings.secret.get_secret_value(),
+        api_keys=tuple(key.get_secret_value() for key in settings.api_keys),
     )
 
 

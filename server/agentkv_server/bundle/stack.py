@@ -30,11 +30,11 @@ from agentkv_server.bundle.launcher import (
 from agentkv_server.bundle.model import Dtype, resolve_model
 from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports
 from agentkv_server.errors import ConfigError
+from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
 
 __all__ = ["Stack", "StackConfig", "core_layout"]
 
 ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
-SECRET_ENV = "AGENTKV_SECRET"
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class StackConfig:
     router: bool = True
     router_settings: Mapping[str, Any] = field(default_factory=dict)  # Settings fields, as JSON
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # clients' keys, for the router
     cpu_cores: tuple[int, ...] | None = None  # None: the cores this process may run on
     kv_cache_gib: int = 1
 
@@ -181,7 +182,9 @@ class Stack:
             command,
             health_url=url + "/health",
             log_path=config.log_dir / "router.log",
-            env={**os.environ, SECRET_ENV: config.secret},  # not on the command line: ps shows it
+            # Secrets travel in the environment: ps shows command lines, and a settings file
+            # written from the model holds masked values.
+            env={**os.environ, SECRET_ENV: config.secret, **_api_keys_env(config.api_keys)},
         )
 
     def __enter__(self) -> Self:
@@ -189,6 +192,10 @@ class Stack:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _api_keys_env(keys: Sequence[str]) -> dict[str, str]:
+    return {API_KEYS_ENV: ",".join(keys)} if keys else {}
 
 
 def core_layout(engines: int, cores: Sequence[int]) -> list[str]:

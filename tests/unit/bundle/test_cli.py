@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,26 @@ def test_serve_hands_router_options_to_the_router_and_keeps_the_secret_out_of_th
     config = serve_cli.stack_config(args)
     assert config.router_settings == {"policy": "never", "timeouts": {"prefill_s": 30.0}}
     assert (config.port, config.secret) == (9000, "s3cret")
+
+
+def test_serve_passes_api_keys_unmasked_and_outside_the_settings_file() -> None:
+    key = "k" * 20
+    config = serve_cli.stack_config(serve_args("--device=cpu", "--api-key", key))
+    assert config.api_keys == (key,)
+    assert "api_keys" not in config.router_settings
+
+
+def test_serve_run_gives_the_command_the_stack_and_its_exit_status(tmp_path: Path) -> None:
+    class ReadyStack:
+        endpoint = "http://127.0.0.1:8123"
+        served_name = "agentkv-tiny"
+
+    out = tmp_path / "env.txt"
+    command = f'echo "$AGENTKV_BASE_URL $AGENTKV_MODEL $(command -v python)" > {out}; exit 3'
+    assert serve_cli._run_command(ReadyStack(), command) == 3
+    base_url, model, python = out.read_text().split()
+    assert (base_url, model) == ("http://127.0.0.1:8123/v1", "agentkv-tiny")
+    assert Path(python).parent == Path(sys.executable).parent
 
 
 def test_serve_reports_bad_options_without_starting_anything(capsys) -> None:
