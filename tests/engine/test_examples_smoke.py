@@ -1,8 +1,9 @@
 """The runnable examples against the real stack (router + vLLM P/D, random-weight model).
 
-The model's words are noise, so this checks what the examples promise on any model: they finish,
-print one line per model call, and the router reports a KV path for every call. The plain SDK
-loop must also show the session's follow-up turns reusing the decode engine's KV.
+The model's words are noise, so this checks what the plain SDK loop promises on any model: it
+finishes, prints one line per model call with the router's KV path, flags tool-result turns, and
+its follow-up turns reuse the decode engine's KV. The framework examples are covered over loopback
+in tests/unit/integrations (their agents stop when a random-weight model returns no valid call).
 """
 
 from __future__ import annotations
@@ -47,12 +48,3 @@ def test_tool_loop_reuses_kv_on_follow_up_turns(stack: Stack) -> None:
     assert lines[0].group(2) in {"recompute", "fallback"}
     assert any(m.group(2) == "reuse" for m in lines[1:])
     assert all("after tool results" in m.string for m in lines[1:])
-
-
-@pytest.mark.parametrize(
-    "example", ["langchain_agent.py", "llamaindex_agent.py", "openai_agents_agent.py"]
-)
-def test_framework_examples_run_on_the_real_stack(stack: Stack, example: str) -> None:
-    lines = run_example(stack, example, turns=3)
-    assert len(lines) >= 2
-    assert [int(m.group(1)) for m in lines] == list(range(1, len(lines) + 1))

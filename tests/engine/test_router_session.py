@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentkv_server.bundle.model import tool_call_logit_bias
 from agentkv_server.bundle.probe import KVProbe
 from agentkv_server.bundle.stack import Stack
 
@@ -61,3 +62,36 @@ def test_turns_after_the_first_reuse_the_held_kv(stack: Stack, probe: KVProbe) -
             assert int(headers["x-agentkv-reused-tokens"]) > 0
         prompt = prompt + answer["choices"][0]["token_ids"] + tokens(51 + turn, 60)
     assert paths == ["recompute", "reuse", "reuse"]
+
+
+def test_a_required_tool_call_comes_back_parsed(stack: Stack) -> None:
+    """The chat template and the hermes parser, end to end. Random weights never close a JSON
+    string on their own; tool_call_logit_bias makes them."""
+    assert stack.model_dir is not None
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "strict": True,  # arguments decoded under their schema, not just as any JSON
+        },
+    }
+    body = {
+        "model": stack.served_name,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [weather],
+        "tool_choice": "required",
+        "max_tokens": 100,
+        "logit_bias": tool_call_logit_bias(stack.model_dir),
+    }
+    request = urllib.request.Request(
+        stack.endpoint + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "x-session-id": f"tools-{time.time_ns()}"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        choice = json.load(response)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"]), dict)

@@ -36,6 +36,7 @@ __all__ = [
     "cache_dir",
     "ensure_model",
     "resolve_model",
+    "tool_call_logit_bias",
 ]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -174,6 +175,21 @@ def built_dtype(model_dir: Path) -> Dtype | None:
         return json.loads((model_dir / MANIFEST).read_text())["dtype"]
     except (OSError, ValueError, KeyError):
         return None
+
+
+def tool_call_logit_bias(model_dir: Path, strength: float = 12.0) -> dict[str, float]:
+    """An OpenAI ``logit_bias`` that makes the random model close what it opens.
+
+    Random weights almost never pick the token that ends a JSON string, so a forced tool call
+    (decoded under the call's grammar) runs to ``max_tokens``. Favouring quotes, ``}`` and the
+    end-of-turn token lets ``tool_choice="required"`` return a complete call in a few tokens.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # "\u0120" is byte-level BPE's space: ' "' is a token of its own.
+    ids = (tokenizer.token_to_id(token) for token in ('"', '\u0120"', "}", EOS_TOKEN))
+    return {str(token_id): strength for token_id in ids if token_id is not None}
 
 
 def build_model(spec: ModelPreset, out: Path, *, dtype: Dtype = "float32", seed: int = 0) -> None:

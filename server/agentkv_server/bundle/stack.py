@@ -106,7 +106,7 @@ class Stack:
             if config.router:
                 self.router = self._router_process()
                 self.router.start()
-                self.router.wait_healthy(60.0)
+                self.router.wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise

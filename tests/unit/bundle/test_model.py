@@ -13,6 +13,7 @@ from agentkv_server.bundle.model import (
     PRESETS,
     ensure_model,
     resolve_model,
+    tool_call_logit_bias,
     training_text,
 )
 from agentkv_server.errors import ConfigError
@@ -106,3 +107,17 @@ def test_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch) -> None:
     assert model_module.cache_dir() == tmp_path
     monkeypatch.delenv("AGENTKV_CACHE_DIR")
     assert model_module.cache_dir() == Path.home() / ".cache" / "agentkv" / "models"
+
+
+def test_tool_call_logit_bias_favours_tokens_that_close_json(tiny: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    bias = tool_call_logit_bias(tiny)
+    assert {tokenizer.decode([int(token_id)]) for token_id in bias} == {
+        '"',
+        ' "',
+        "}",
+        "<|im_end|>",
+    }
+    assert set(bias.values()) == {12.0}
