@@ -4,11 +4,15 @@ on a CPU, so every engine test shares them; a test that must break an engine sta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.probe import EngineClient, KVProbe
+from agentkv_server.bundle.process import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 REQUEST_TIMEOUT_S = 120.0
@@ -32,3 +36,23 @@ def probe(stack: Stack) -> KVProbe:
         EngineClient(p, stack.served_name, timeout=REQUEST_TIMEOUT_S),
         EngineClient(d, stack.served_name, timeout=REQUEST_TIMEOUT_S),
     )
+
+
+@pytest.fixture
+def doomed(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
+    """An extra decode engine like the stack's, on its own ports, for a test to kill (killing
+    the stack's own would break every later test)."""
+    port, side_channel_port = free_ports(2)
+    spec = dataclasses.replace(
+        stack.decode[0].spec,
+        port=port,
+        side_channel_port=side_channel_port,
+        log_path=tmp_path / "doomed-decode.log",
+    )
+    engine = EngineProcess(spec)
+    engine.start()
+    try:
+        engine.wait_healthy(timeout=600)
+        yield engine
+    finally:
+        engine.stop()

@@ -11,14 +11,12 @@ Each case counts turns sent, succeeded (200) and correct; ``pytest -s`` prints t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +25,6 @@ import pytest
 from agentkv import protocol
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
-from agentkv_server.bundle.process import free_ports
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
 from agentkv_server.settings import Settings
@@ -141,25 +138,6 @@ def router_settings(stack: Stack, decode: list[str] | None = None, **options: An
 
 def serve(settings: Settings, store: InMemoryStore | None = None):
     return serve_in_process(settings, store=store, timeout_s=TURN_TIMEOUT_S)
-
-
-@pytest.fixture
-def doomed(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    """An extra decode engine like the stack's, on its own ports and cores, to be killed."""
-    port, side_channel_port = free_ports(2)
-    spec = dataclasses.replace(
-        stack.decode[0].spec,
-        port=port,
-        side_channel_port=side_channel_port,
-        log_path=tmp_path / "doomed-decode.log",
-    )
-    engine = EngineProcess(spec)
-    engine.start()
-    try:
-        engine.wait_healthy(timeout=600)
-        yield engine
-    finally:
-        engine.stop()
 
 
 async def test_decode_holder_killed_between_turns(

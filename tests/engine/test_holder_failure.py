@@ -4,17 +4,12 @@ beside the shared stack (killing the stack's own would break every later test)."
 
 from __future__ import annotations
 
-import dataclasses
 import random
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
-from agentkv_server.bundle.process import free_ports
-from agentkv_server.bundle.stack import Stack
 
 pytestmark = pytest.mark.engine
 
@@ -22,25 +17,6 @@ pytestmark = pytest.mark.engine
 def tokens(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(10, 4000) for _ in range(n)]
-
-
-@pytest.fixture
-def doomed(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    """A second decode engine like the stack's, on its own ports."""
-    port, side_channel_port = free_ports(2)
-    spec = dataclasses.replace(
-        stack.decode[0].spec,
-        port=port,
-        side_channel_port=side_channel_port,
-        log_path=tmp_path / "doomed-decode.log",
-    )
-    engine = EngineProcess(spec)
-    engine.start()
-    try:
-        engine.wait_healthy(timeout=600)
-        yield engine
-    finally:
-        engine.stop()
 
 
 def test_a_killed_holder_gives_a_correct_answer_by_recompute(
