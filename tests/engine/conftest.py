@@ -18,6 +18,18 @@ from agentkv_server.bundle.stack import Stack, StackConfig
 REQUEST_TIMEOUT_S = 120.0
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Engine tests first, and among them those that kill engines last: nothing they leave
+    behind (a request still parked on the prefill engine for a dead holder's KV, say) can then
+    touch another test's measurements, and the shared stack stops before the fast tiers run."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("engine") is None,
+            item.get_closest_marker("kills_engines") is not None,
+        )
+    )
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = StackConfig(

@@ -30,7 +30,7 @@ from agentkv_server.router import InMemoryStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing import RedisServer, serve_in_process
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.kills_engines]
 
 BLOCK = 128  # vLLM's KV block on the CPU backend: P pulls whole blocks
 OUTPUT = 16  # D holds prompt + OUTPUT - 1 tokens

@@ -25,7 +25,9 @@ OUTPUT = 100
 
 
 def tokens(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
+    """Token ids no other test module produces: P's and D's prefix caches are shared by the
+    whole run, and a prefix another test left there would be a local hit instead of a pull."""
+    rng = random.Random(f"{__name__}:{seed}")
     return [rng.randrange(10, 4000) for _ in range(n)]
 
 
