@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,11 @@ from agentkv_server.bundle.process import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 REQUEST_TIMEOUT_S = 120.0
+# The router's cost model rightly recomputes a tiny model's short history on a quiet machine; the
+# engine tier tests the KV path, so its routers always pull (the cost model is unit-tested).
+ALWAYS_PULL: dict[str, Any] = {
+    "cost": {"pull_overhead_s": 0.0, "pull_tokens_per_s": 1e9, "ewma_alpha": 1e-9}
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,7 +39,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = StackConfig(
-        model="tiny", dtype="float32", port=0, log_dir=tmp_path_factory.mktemp("logs")
+        model="tiny",
+        dtype="float32",
+        port=0,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        router_settings=ALWAYS_PULL,
     )
     with Stack(config) as running:
         yield running

@@ -132,6 +132,8 @@ def router_settings(stack: Stack, decode: list[str] | None = None, **options: An
         decode_urls=tuple(decode or [engine.url for engine in stack.decode]),
         health_interval_s=3600.0,  # faults are found by the turns themselves
         timeouts={"pull_s": PULL_TIMEOUT_S},
+        # Always pull (see ALWAYS_PULL in conftest.py): the faults are in the KV path.
+        cost={"pull_overhead_s": 0.0, "pull_tokens_per_s": 1e9, "ewma_alpha": 1e-9},
         **options,
     )
 
