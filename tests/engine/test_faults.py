@@ -12,6 +12,7 @@ Each case counts turns sent, succeeded (200) and correct; ``pytest -s`` prints t
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 import time
@@ -209,7 +210,10 @@ async def test_redis_unreachable_serves_on_by_recompute(
     assert any("serving without it" in message for message in caplog.messages)
 
 
-@pytest.mark.skipif(not RedisServer.available(), reason="redis-server binary not found")
+@pytest.mark.skipif(
+    not RedisServer.available() and not os.environ.get("CI"),
+    reason="redis-server binary not found: scripts/install --dev installs it (CI fails instead)",
+)
 async def test_router_restarted_with_redis_resumes_reuse(
     stack: Stack, probe: KVProbe, tally: Tally
 ) -> None:
