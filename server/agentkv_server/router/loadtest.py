@@ -188,23 +188,21 @@ async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> l
     return records
 
 
+def _stub_argv(router_url: str, secret: str, *extra: str) -> list[str]:
+    """Two stub engines (one P, one D) reporting holdings to ``router_url``."""
+    return [
+        sys.executable, "-m", "agentkv_server.testing", "--engines", "2",
+        "--router-url", router_url, "--secret", secret, *extra,
+    ]  # fmt: skip
+
+
 async def decisions(args: argparse.Namespace) -> list[TurnRecord]:
     secret = secrets.token_urlsafe(16)
     port = _free_port()
     router_url = f"http://127.0.0.1:{port}"
-    stub_argv = [
-        sys.executable,
-        "-m",
-        "agentkv_server.testing",
-        "--engines",
-        "2",
-        "--router-url",
-        router_url,
-        "--secret",
-        secret,
-        "--prefill-us-per-token",
-        str(args.prefill_us_per_token),
-    ]
+    stub_argv = _stub_argv(
+        router_url, secret, "--prefill-us-per-token", str(args.prefill_us_per_token)
+    )
     with _process(stub_argv, stdout=subprocess.PIPE) as stubs:
         assert stubs.stdout is not None
         prefill_url, decode_url = json.loads(stubs.stdout.readline())
@@ -218,17 +216,7 @@ async def run(args: argparse.Namespace) -> list[LevelResult]:
     port = _free_port()
     router_url = f"http://127.0.0.1:{port}"
     path = "/v1/chat/completions"
-    stub_argv = [
-        sys.executable,
-        "-m",
-        "agentkv_server.testing",
-        "--engines",
-        "2",
-        "--router-url",
-        router_url,
-        "--secret",
-        secret,
-    ]
+    stub_argv = _stub_argv(router_url, secret)
     results: list[LevelResult] = []
     with _process(stub_argv, stdout=subprocess.PIPE) as stubs:
         assert stubs.stdout is not None
