@@ -25,12 +25,13 @@ ALWAYS_PULL: dict[str, Any] = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Engine tests first, and among them those that kill engines last: nothing they leave
-    behind (a request still parked on the prefill engine for a dead holder's KV, say) can then
-    touch another test's measurements, and the shared stack stops before the fast tiers run."""
+    """The fast tiers first, then the engine tier, and within it the tests that kill engines
+    last. The shared stack lives until the run ends and its engines keep stepping while they
+    hold KV (docs/engines.md), so nothing may run after it but engine tests; a killed holder
+    may leave a request parked on the prefill engine, so those tests come last of all."""
     items.sort(
         key=lambda item: (
-            item.get_closest_marker("engine") is None,
+            item.get_closest_marker("engine") is not None,
             item.get_closest_marker("kills_engines") is not None,
         )
     )
