@@ -2,11 +2,13 @@
 
 Environment: AGENTKV_BASE_URL (default http://127.0.0.1:8000/v1, what ``agentkv serve`` listens
 on), AGENTKV_MODEL (default: the server's first model), OPENAI_API_KEY (default "-"),
-AGENTKV_TURNS (model calls per run, default 6, at least 2).
+AGENTKV_TURNS (model calls per run, default 6, at least 2), AGENTKV_TOOL_LOGIT_BIAS (a JSON
+``logit_bias`` sent with every request; ``agentkv serve`` sets it for its random-weight model).
 
 The examples force a tool call on every turn but the last (``tool_choice`` names a function or
-says ``required``), so that even the random-weight test model yields valid calls, and they accept
-tool arguments that do not parse: such a model writes nonsense into them.
+says ``required``). A random-weight model still never closes the call's JSON on its own; the
+logit bias above favours the tokens that close it. Its arguments remain nonsense, so the tools
+accept arguments that do not parse.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import agentkv
 BASE_URL = os.environ.get("AGENTKV_BASE_URL", "http://127.0.0.1:8000/v1")
 API_KEY = os.environ.get("OPENAI_API_KEY", "-")
 TURNS = max(2, int(os.environ.get("AGENTKV_TURNS", "6")))
+LOGIT_BIAS: dict[str, int] | None = json.loads(os.environ.get("AGENTKV_TOOL_LOGIT_BIAS") or "null")
 MAX_TOKENS = 64
 PROMPT = (
     "Plan a trip to Paris: check the weather, add up the costs, and count the words of the plan."
@@ -57,18 +60,22 @@ def word_count(text: str = "") -> str:
 
 TOOLS: dict[str, Callable[..., str]] = {"weather": weather, "add": add, "word_count": word_count}
 
+
+def _object(**properties: str) -> dict[str, Any]:
+    """A strict JSON schema of an object whose named properties all have the given types."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": kind} for name, kind in properties.items()},
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+# Strict schemas: the server decodes arguments under them (OpenAI's ``strict`` function tools).
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "weather": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    "add": {
-        "type": "object",
-        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-        "required": ["a", "b"],
-    },
-    "word_count": {
-        "type": "object",
-        "properties": {"text": {"type": "string"}},
-        "required": ["text"],
-    },
+    "weather": _object(city="string"),
+    "add": _object(a="number", b="number"),
+    "word_count": _object(text="string"),
 }
 
 

@@ -14,6 +14,7 @@ import uuid
 from _common import (
     API_KEY,
     BASE_URL,
+    LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
     TURNS,
@@ -44,8 +45,10 @@ def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
         if turn >= TURNS:
             thread_session(config["configurable"]["thread_id"]).end_next_turn()
         choice = "none" if turn >= TURNS else tool_for_turn(turn)
-        reply = model.bind_tools(TOOLS, tool_choice=choice).invoke(state["messages"], config)
-        return {"messages": [with_repaired_calls(reply)]}
+        reply = model.bind_tools(TOOLS, tool_choice=choice, strict=True).invoke(
+            state["messages"], config
+        )
+        return {"messages": [reply]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
@@ -56,21 +59,14 @@ def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
     return graph.compile()
 
 
-def with_repaired_calls(reply: AIMessage) -> AIMessage:
-    """Tool calls whose arguments do not parse get empty ones (every tool has defaults)."""
-    repaired = [
-        {"name": call["name"], "args": {}, "id": call["id"], "type": "tool_call"}
-        for call in reply.invalid_tool_calls
-        if call["name"] in {t.name for t in TOOLS}
-    ]
-    if not repaired:
-        return reply
-    return AIMessage(content=reply.content, tool_calls=[*reply.tool_calls, *repaired], id=reply.id)
-
-
 def main() -> None:
     model = ChatOpenAI(
-        model=model_name(), base_url=BASE_URL, api_key=API_KEY, max_tokens=MAX_TOKENS, temperature=0
+        model=model_name(),
+        base_url=BASE_URL,
+        api_key=API_KEY,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logit_bias=LOGIT_BIAS,
     )
     thread_id = f"langgraph-{uuid.uuid4().hex[:12]}"
     config: RunnableConfig = {

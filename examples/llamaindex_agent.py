@@ -16,6 +16,7 @@ import asyncio
 from _common import (
     API_KEY,
     BASE_URL,
+    LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
     TURNS,
@@ -67,7 +68,7 @@ class TravelAgent(Workflow):
             agentkv.current_session().end_next_turn()
         choice = "none" if last else {"type": "function", "function": {"name": tool_for_turn(turn)}}
         response = await self.llm.achat_with_tools(
-            TOOLS, chat_history=self.history, tool_choice=choice
+            TOOLS, chat_history=self.history, tool_choice=choice, strict=True
         )
         self.history.append(response.message)
         calls = self.llm.get_tool_calls_from_response(response, error_on_no_tool_call=False)
@@ -97,6 +98,7 @@ async def main() -> None:
         is_function_calling_model=True,
         max_tokens=MAX_TOKENS,
         temperature=0,
+        additional_kwargs={"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else {},
     )
     print(f"LlamaIndex workflow: {TURNS} turns of {llm.model} at {BASE_URL}", flush=True)
     session = agentkv.session()

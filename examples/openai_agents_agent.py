@@ -18,6 +18,7 @@ from typing import Any
 from _common import (
     API_KEY,
     BASE_URL,
+    LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
     SCHEMAS,
@@ -44,7 +45,7 @@ from agentkv_openai_agents import Runner, conversation_session
 
 
 def local_tool(name: str, func: Callable[..., str]) -> FunctionTool:
-    """A tool that accepts arguments which do not parse (``@function_tool`` would fail the run)."""
+    """A tool over one of _common's local functions and its strict schema."""
 
     async def invoke(context: Any, arguments: str) -> str:
         return run_tool(name, arguments)
@@ -54,7 +55,7 @@ def local_tool(name: str, func: Callable[..., str]) -> FunctionTool:
         description=func.__doc__ or name,
         params_json_schema=SCHEMAS[name],
         on_invoke_tool=invoke,
-        strict_json_schema=False,
+        strict_json_schema=True,
     )
 
 
@@ -79,7 +80,12 @@ async def main() -> None:
         name="travel planner",
         instructions="You are a travel planner. Use the tools.",
         model=OpenAIChatCompletionsModel(model=model_name(), openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0),
+        model_settings=ModelSettings(
+            tool_choice="required",
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_args={"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else None,
+        ),
         tools=[local_tool(name, func) for name, func in TOOLS.items()],
         reset_tool_choice=False,
         tool_use_behavior=StopAfterToolTurns(TURNS - 1),

@@ -13,6 +13,7 @@ from typing import Any
 from _common import (
     API_KEY,
     BASE_URL,
+    LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
     SCHEMAS,
@@ -30,7 +31,12 @@ import agentkv
 TOOL_SPECS = [
     {
         "type": "function",
-        "function": {"name": name, "description": tool.__doc__, "parameters": SCHEMAS[name]},
+        "function": {
+            "name": name,
+            "description": tool.__doc__,
+            "parameters": SCHEMAS[name],
+            "strict": True,
+        },
     }
     for name, tool in TOOLS.items()
 ]
@@ -62,27 +68,16 @@ def main() -> None:
                 tool_choice=tool_choice(turn),
                 max_tokens=MAX_TOKENS,
                 temperature=0,
+                **({"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else {}),
             )
             print(format_turn(session.last_turn), flush=True)
-            messages.extend(follow_up(reply.choices[0].message, forced_tool(turn)))
+            messages.extend(follow_up(reply.choices[0].message))
     print(summary(session), flush=True)
 
 
-def forced_tool(turn: int) -> str | None:
-    return None if turn == TURNS else tool_for_turn(turn)
-
-
-def follow_up(message: Any, forced: str | None) -> list[dict[str, Any]]:
-    """The assistant message, then its tools' results.
-
-    A random-weight test model often runs out of tokens inside a forced call's arguments, and
-    the server then returns plain text: the forced tool is run anyway (with default arguments),
-    so that the loop stays a tool loop whatever the model.
-    """
+def follow_up(message: Any) -> list[dict[str, Any]]:
+    """The assistant message, then its tools' results (or a nudge when it called none)."""
     calls = [call.model_dump() for call in message.tool_calls or []]
-    if not calls and forced is not None:
-        calls = [{"id": f"call_{forced}", "type": "function",
-                  "function": {"name": forced, "arguments": "{}"}}]  # fmt: skip
     assistant: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
     if calls:
         assistant["tool_calls"] = calls

@@ -1,9 +1,10 @@
 """The runnable examples against the real stack (router + vLLM P/D, random-weight model).
 
-The model's words are noise, so this checks what the plain SDK loop promises on any model: it
-finishes, prints one line per model call with the router's KV path, flags tool-result turns, and
-its follow-up turns reuse the decode engine's KV. The framework examples are covered over loopback
-in tests/unit/integrations (their agents stop when a random-weight model returns no valid call).
+The model's words are noise, so this checks what every example promises on any model: it
+finishes, prints one line per model call with the router's KV path, every turn after the first
+follows tool results (the forced, strict tool calls come back complete: the stack's client
+environment carries the test model's logit bias), and follow-up turns reuse the decode engine's
+KV. What the frameworks put on the wire is checked over loopback in tests/unit/integrations.
 """
 
 from __future__ import annotations
@@ -28,12 +29,7 @@ def run_example(stack: Stack, example: str, turns: int) -> list[re.Match[str]]:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / example)],
         check=False,
-        env={
-            **os.environ,
-            "AGENTKV_BASE_URL": f"{stack.endpoint}/v1",
-            "AGENTKV_MODEL": stack.served_name,
-            "AGENTKV_TURNS": str(turns),
-        },
+        env={**os.environ, **stack.client_environment(), "AGENTKV_TURNS": str(turns)},
         capture_output=True,
         text=True,
         timeout=600,
@@ -42,9 +38,21 @@ def run_example(stack: Stack, example: str, turns: int) -> list[re.Match[str]]:
     return [m for line in done.stdout.splitlines() if (m := TURN_LINE.match(line))]
 
 
-def test_tool_loop_reuses_kv_on_follow_up_turns(stack: Stack) -> None:
-    lines = run_example(stack, "tool_loop.py", turns=4)
-    assert [int(m.group(1)) for m in lines] == [1, 2, 3, 4]
+@pytest.mark.parametrize(
+    ("example", "model_calls"),
+    [
+        ("tool_loop.py", 4),
+        ("langchain_agent.py", 4),
+        ("llamaindex_agent.py", 4),
+        # The Agents SDK run ends after its last tool turn: one model call fewer.
+        ("openai_agents_agent.py", 3),
+    ],
+)
+def test_example_runs_a_tool_loop_that_reuses_kv(
+    stack: Stack, example: str, model_calls: int
+) -> None:
+    lines = run_example(stack, example, turns=4)
+    assert [int(m.group(1)) for m in lines] == list(range(1, model_calls + 1))
     assert lines[0].group(2) in {"recompute", "fallback"}
     assert any(m.group(2) == "reuse" for m in lines[1:])
     assert all("after tool results" in m.string for m in lines[1:])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -59,9 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--run", metavar="CMD",
-        help="once the stack is ready, run CMD (a shell command, with AGENTKV_BASE_URL and "
-        "AGENTKV_MODEL set and this environment's python first on PATH), then stop everything "
-        "and exit with CMD's status",
+        help="once the stack is ready, run CMD (a shell command, with AGENTKV_BASE_URL, "
+        "AGENTKV_MODEL and, for a test model, AGENTKV_TOOL_LOGIT_BIAS set, and this "
+        "environment's python first on PATH), then stop everything and exit with CMD's status",
     )  # fmt: skip
     add_router_arguments(parser.add_argument_group("router"))
 
@@ -119,6 +120,10 @@ def _announce(stack: Stack, *, stop_hint: bool) -> None:
     for name, path in stack.log_paths.items():
         print(f"    {name:14} {path}")
     if stop_hint:
+        client_env = " ".join(
+            f"{k}={shlex.quote(v)}" for k, v in stack.client_environment().items()
+        )
+        print(f"  examples: {client_env} python examples/tool_loop.py")
         print("Ctrl-C stops everything.")
     sys.stdout.flush()
 
@@ -128,8 +133,7 @@ def _run_command(stack: Stack, command: str) -> int:
     bin_dir = os.path.dirname(sys.executable)
     env = {
         **os.environ,
-        "AGENTKV_BASE_URL": f"{stack.endpoint}/v1",
-        "AGENTKV_MODEL": stack.served_name,
+        **stack.client_environment(),
         "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "-"),
         "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
     }

@@ -177,18 +177,20 @@ def built_dtype(model_dir: Path) -> Dtype | None:
         return None
 
 
-def tool_call_logit_bias(model_dir: Path, strength: float = 12.0) -> dict[str, float]:
+def tool_call_logit_bias(model_dir: Path, strength: int = 12) -> dict[str, int]:
     """An OpenAI ``logit_bias`` that makes the random model close what it opens.
 
-    Random weights almost never pick the token that ends a JSON string, so a forced tool call
-    (decoded under the call's grammar) runs to ``max_tokens``. Favouring quotes, ``}`` and the
-    end-of-turn token lets ``tool_choice="required"`` return a complete call in a few tokens.
+    Random weights almost never pick the token that ends a JSON string, nor the ``:`` after a
+    key, and a JSON grammar lets them pad with whitespace forever, so a forced tool call runs to
+    ``max_tokens``. Favouring quotes, ``:``, ``,``, ``}`` and the end-of-turn token lets a forced
+    call of a ``strict`` tool return schema-valid arguments in a few tokens.
     """
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     # "\u0120" is byte-level BPE's space: ' "' is a token of its own.
-    ids = (tokenizer.token_to_id(token) for token in ('"', '\u0120"', "}", EOS_TOKEN))
+    closers = ('"', '\u0120"', ":", ",", "}", EOS_TOKEN)
+    ids = (tokenizer.token_to_id(token) for token in closers)
     return {str(token_id): strength for token_id in ids if token_id is not None}
 
 

@@ -27,7 +27,7 @@ from agentkv_server.bundle.launcher import (
     EngineSpec,
     Role,
 )
-from agentkv_server.bundle.model import Dtype, resolve_model
+from agentkv_server.bundle.model import Dtype, built_dtype, resolve_model, tool_call_logit_bias
 from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports
 from agentkv_server.errors import ConfigError
 from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
@@ -35,6 +35,11 @@ from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
 __all__ = ["Stack", "StackConfig", "core_layout"]
 
 ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
+# What the examples read (examples/_common.py): where to send requests, and for a random-weight
+# test model the logit_bias that lets it write complete tool calls.
+CLIENT_BASE_URL_ENV = "AGENTKV_BASE_URL"
+CLIENT_MODEL_ENV = "AGENTKV_MODEL"
+CLIENT_LOGIT_BIAS_ENV = "AGENTKV_TOOL_LOGIT_BIAS"
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,16 @@ class Stack:
     @property
     def endpoint(self) -> str:
         """Where clients send requests: the router, or the first decode engine without one."""
-        if self.router is not None:
+        if self.config.router:
             return f"http://{self.config.host}:{self._router_port}"
         return self.decode[0].url
+
+    def client_environment(self) -> dict[str, str]:
+        """The environment an agent program needs to use this stack (the examples read it)."""
+        env = {CLIENT_BASE_URL_ENV: f"{self.endpoint}/v1", CLIENT_MODEL_ENV: self.served_name}
+        if self.model_dir is not None and built_dtype(self.model_dir) is not None:
+            env[CLIENT_LOGIT_BIAS_ENV] = json.dumps(tool_call_logit_bias(self.model_dir))
+        return env
 
     @property
     def log_paths(self) -> dict[str, Path]:

@@ -55,14 +55,14 @@ def test_serve_passes_api_keys_unmasked_and_outside_the_settings_file() -> None:
 
 def test_serve_run_gives_the_command_the_stack_and_its_exit_status(tmp_path: Path) -> None:
     class ReadyStack:
-        endpoint = "http://127.0.0.1:8123"
-        served_name = "agentkv-tiny"
+        def client_environment(self) -> dict[str, str]:
+            return {"AGENTKV_BASE_URL": "http://127.0.0.1:8123/v1", "AGENTKV_MODEL": "tiny"}
 
     out = tmp_path / "env.txt"
     command = f'echo "$AGENTKV_BASE_URL $AGENTKV_MODEL $(command -v python)" > {out}; exit 3'
     assert serve_cli._run_command(ReadyStack(), command) == 3
     base_url, model, python = out.read_text().split()
-    assert (base_url, model) == ("http://127.0.0.1:8123/v1", "agentkv-tiny")
+    assert (base_url, model) == ("http://127.0.0.1:8123/v1", "tiny")
     assert Path(python).parent == Path(sys.executable).parent
 
 

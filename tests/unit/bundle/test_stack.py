@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from agentkv_server.bundle.model import tool_call_logit_bias
 from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 from agentkv_server.errors import ConfigError
 
@@ -64,3 +66,18 @@ def test_plan_without_router_reports_nowhere_and_gpu_binds_no_cores(tmp_path: Pa
     config = StackConfig(model=str(tmp_path), router=False, device="cuda", log_dir=tmp_path)
     specs = Stack(config).plan()
     assert all(spec.env == {} and spec.cores is None for spec in specs)
+
+
+def test_client_environment_carries_the_test_models_logit_bias(tiny: Path) -> None:
+    stack = Stack(StackConfig(model=str(tiny), port=8123))
+    stack.plan()
+    env = stack.client_environment()
+    assert env["AGENTKV_BASE_URL"] == "http://127.0.0.1:8123/v1"
+    assert env["AGENTKV_MODEL"] == tiny.name
+    assert json.loads(env["AGENTKV_TOOL_LOGIT_BIAS"]) == tool_call_logit_bias(tiny)
+
+
+def test_client_environment_of_any_other_model_has_no_logit_bias(tmp_path: Path) -> None:
+    stack = Stack(StackConfig(model=str(tmp_path), port=8123))
+    stack.plan()
+    assert "AGENTKV_TOOL_LOGIT_BIAS" not in stack.client_environment()
