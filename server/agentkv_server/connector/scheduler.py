@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorS
 from vllm.utils.math_utils import cdiv
 
 from agentkv_server.connector import params as wire
+from agentkv_server.connector.idle import IdleBackoff
 from agentkv_server.connector.log import get_logger
 from agentkv_server.connector.prefix import (
     BLOCK_SIZE_KEY,
@@ -36,7 +37,9 @@ from agentkv_server.connector.settings import ConnectorSettings
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.utils import BlockIds
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnectorMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
@@ -76,6 +79,15 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             if settings.report_url
             else None
         )
+        self._idle = IdleBackoff(
+            grace_seconds=settings.idle_grace_seconds, sleep_seconds=settings.idle_sleep_seconds
+        )
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
+        # Called once per engine step, before the step runs: the place to pace an idle loop.
+        busy = scheduler_output.total_num_scheduled_tokens > 0 or bool(self._reqs_need_recv)
+        self._idle.step(busy=busy)
+        return super().build_connector_meta(scheduler_output)
 
     # -- P: verified pulls ---------------------------------------------------------------
 

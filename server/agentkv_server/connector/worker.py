@@ -1,6 +1,6 @@
 """Worker half of ``AgentKVConnector``: NixlConnector's pull worker, made safe on CPU engines.
 
-Two changes to upstream:
+Three changes to upstream:
 
 * **Thread affinity.** On the CPU platform ``NixlBaseConnectorWorker.__init__`` calls
   ``os.sched_setaffinity(0, last_core_of_each_numa_node)`` to keep KV transfers off the cores
@@ -10,6 +10,10 @@ Two changes to upstream:
   the other engines' spinning threads, and a prefill engine can starve for minutes (the
   "stall" in DESIGN.md section 5). We restore the thread's own affinity after upstream's
   constructor; threads NIXL started meanwhile keep the reserved core, as upstream intends.
+* **Polling threads demoted.** NIXL's progress thread polls without pause, a core per engine
+  even when nothing moves; the native threads upstream's constructor starts are moved to
+  ``SCHED_IDLE`` (``demote_transfer_threads``), so they use only cores that forward passes
+  leave idle.
 * **Pull deadline.** A read that is still in flight after ``pull_timeout_seconds`` is aborted
   and reported as a failed load, which the scheduler turns into a recompute
   (``kv_load_failure_policy="recompute"``), so no request waits forever on a peer.
@@ -22,7 +26,11 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
-from agentkv_server.connector.affinity import preserved_thread_affinity
+from agentkv_server.connector.affinity import (
+    demote_to_idle_priority,
+    native_threads_started,
+    preserved_thread_affinity,
+)
 from agentkv_server.connector.deadlines import Deadlines
 from agentkv_server.connector.log import get_logger
 from agentkv_server.connector.settings import ConnectorSettings
@@ -39,7 +47,8 @@ logger = get_logger(__name__)
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
-    """NixlConnector's pull worker that keeps its thread's cores and bounds every pull."""
+    """NixlConnector's pull worker that keeps its thread's cores, yields the cores NIXL's
+    polling threads would take, and bounds every pull."""
 
     def __init__(
         self,
@@ -48,8 +57,11 @@ class AgentKVWorker(NixlPullConnectorWorker):
         kv_cache_config: KVCacheConfig,
         settings: ConnectorSettings,
     ) -> None:
-        with preserved_thread_affinity():
+        with preserved_thread_affinity(), native_threads_started() as started:
             super().__init__(vllm_config, engine_id, kv_cache_config)
+        if settings.demote_transfer_threads:
+            demoted = demote_to_idle_priority(started)
+            logger.info("Demoted %d NIXL thread(s) to SCHED_IDLE: %s", len(demoted), demoted)
         self._pull_deadlines = Deadlines()
         self._pull_timeout = settings.pull_timeout_seconds
 

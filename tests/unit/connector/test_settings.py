@@ -12,6 +12,7 @@ def test_defaults_follow_upstream_ttl() -> None:
     settings = ConnectorSettings.from_extra_config({}, environ={})
     assert settings.default_retention_seconds == settings.max_retention_seconds == 480.0
     assert settings.report_url is None
+    assert (settings.idle_grace_seconds, settings.idle_sleep_seconds) == (0.1, 0.005)
 
 
 def test_upstream_ttl_sets_default_and_cap() -> None:
@@ -26,9 +27,12 @@ def test_agentkv_keys() -> None:
             "agentkv_router_url": "http://r:8000/",
             "agentkv_secret": "s",
             "agentkv_pull_timeout_seconds": 5,
+            "agentkv_idle_grace_ms": 250,
+            "agentkv_idle_sleep_ms": 0,
         },
         environ={},
     )
+    assert (settings.idle_grace_seconds, settings.idle_sleep_seconds) == (0.25, 0.0)
     assert settings.max_retention_seconds == 900.0
     assert settings.report_url == "http://r:8000/internal/v1/kv-holdings"
     assert settings.secret == "s"
@@ -49,6 +53,7 @@ def test_router_url_and_secret_fall_back_to_the_environment() -> None:
         {"agentkv_max_retention_seconds": -1},
         {"agentkv_pull_timeout_seconds": 0},
         {"agentkv_report_queue_size": 0},
+        {"agentkv_idle_sleep_ms": -1},
     ],
 )
 def test_impossible_values_are_refused(extra: dict) -> None:
