@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 __all__ = ["CostModelSettings", "PolicyName", "RetentionSettings", "Settings", "Timeouts"]
 
-PolicyName = Literal["agentkv", "upstream", "never"]
+PolicyName = Literal["agentkv", "upstream", "never", "always"]
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
 ``never``: always recompute (the benchmark's baseline)."""
 
@@ -41,6 +41,12 @@ class Timeouts(_Frozen):
     release_s: float = Field(5.0, gt=0, description="a release request to a decode engine")
     store_s: float = Field(
         0.5, gt=0, description="one session-store (Redis) call; past it the turn recomputes"
+    )
+    report_s: float = Field(
+        0.5,
+        ge=0,
+        description="how long a streamed turn's end ([DONE]) waits for the decode engine's "
+        "holding report, so that the client's next turn finds the holding",
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,10 @@ from agentkv_server.bundle.process import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 REQUEST_TIMEOUT_S = 120.0
-# The router's cost model rightly recomputes a tiny model's short history on a quiet machine; the
-# engine tier tests the KV path, so its routers always pull (the cost model is unit-tested).
-ALWAYS_PULL: dict[str, Any] = {
-    "cost": {"pull_overhead_s": 0.0, "pull_tokens_per_s": 1e9, "ewma_alpha": 1e-9}
-}
+# The router's cost model rightly recomputes a tiny model's short history when the engines are
+# fast; the engine tier tests the KV path, so its routers always pull (the cost model is
+# unit-tested with stub engines).
+ALWAYS_PULL: dict[str, Any] = {"policy": "always"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,16 +61,13 @@ def probe(stack: Stack) -> KVProbe:
     )
 
 
-@pytest.fixture
-def doomed(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    """An extra decode engine like the stack's, on its own ports, for a test to kill (killing
-    the stack's own would break every later test)."""
+@contextmanager
+def extra_engine_like(model: EngineProcess, log_path: Path) -> Iterator[EngineProcess]:
+    """An engine like ``model`` (role, model, cores) on ports of its own, for a test to kill
+    (killing one of the stack's own would break every later test)."""
     port, side_channel_port = free_ports(2)
     spec = dataclasses.replace(
-        stack.decode[0].spec,
-        port=port,
-        side_channel_port=side_channel_port,
-        log_path=tmp_path / "doomed-decode.log",
+        model.spec, port=port, side_channel_port=side_channel_port, log_path=log_path
     )
     engine = EngineProcess(spec)
     engine.start()
@@ -79,3 +76,15 @@ def doomed(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture
+def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
+    with extra_engine_like(stack.decode[0], tmp_path / "doomed-decode.log") as engine:
+        yield engine
+
+
+@pytest.fixture
+def doomed_prefill(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
+    with extra_engine_like(stack.prefill[0], tmp_path / "doomed-prefill.log") as engine:
+        yield engine

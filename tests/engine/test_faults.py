@@ -1,7 +1,7 @@
 """Faults on real engines: every turn is still answered, and answered correctly.
 
-Routers of our own run in process in front of the shared stack's engines (and one extra decode
-engine that is killed), so each case controls its router's store and lifetime without
+Routers of our own run in process in front of the shared stack's engines (and an extra decode
+or prefill engine that is killed), so each case controls its router's store and lifetime without
 touching the stack's own router. A turn is *correct* when its first token's top-5 logprobs
 equal a full recompute of the same prompt within LOGPROB_TOLERANCE (the fp32 oracle of
 docs/engines.md): reused KV that was wrong would move them by ~1.
@@ -11,9 +11,11 @@ Each case counts turns sent, succeeded (200) and correct; ``pytest -s`` prints t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -38,7 +40,8 @@ OUTPUT = 16  # D holds prompt + OUTPUT - 1 tokens
 HISTORY = 4 * BLOCK - OUTPUT + 1  # turn 1 holds 4 whole blocks
 NEW = BLOCK - OUTPUT  # each later turn one block more
 TURN_TIMEOUT_S = 180.0
-PULL_TIMEOUT_S = 15.0  # a pull from a dead holder stalls P's step until the router gives up
+PULL_TIMEOUT_S = 15.0
+IN_FLIGHT_S = 2.0  # a pull from a dead holder stalls P's step until the router gives up
 PULLED = "vllm:external_prefix_cache_hits_total"
 
 
@@ -127,14 +130,18 @@ class Conversation:
         return response
 
 
-def router_settings(stack: Stack, decode: list[str] | None = None, **options: Any) -> Settings:
+def router_settings(
+    stack: Stack,
+    decode: list[str] | None = None,
+    prefill: list[str] | None = None,
+    **options: Any,
+) -> Settings:
     return Settings(
-        prefill_urls=tuple(engine.url for engine in stack.prefill),
+        prefill_urls=tuple(prefill or [engine.url for engine in stack.prefill]),
         decode_urls=tuple(decode or [engine.url for engine in stack.decode]),
         health_interval_s=3600.0,  # faults are found by the turns themselves
         timeouts={"pull_s": PULL_TIMEOUT_S},
-        # Always pull (see ALWAYS_PULL in conftest.py): the faults are in the KV path.
-        cost={"pull_overhead_s": 0.0, "pull_tokens_per_s": 1e9, "ewma_alpha": 1e-9},
+        policy="always",  # as ALWAYS_PULL in conftest.py: the faults are in the KV path
         **options,
     )
 
@@ -143,28 +150,30 @@ def serve(settings: Settings, store: InMemoryStore | None = None):
     return serve_in_process(settings, store=store, timeout_s=TURN_TIMEOUT_S)
 
 
-async def test_decode_holder_killed_between_turns(
-    stack: Stack, probe: KVProbe, doomed: EngineProcess, tally: Tally
+async def test_prefill_engine_killed_mid_request(
+    stack: Stack, probe: KVProbe, doomed_prefill: EngineProcess, tally: Tally
 ) -> None:
-    store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
-    conversation = Conversation(probe, tally, seed=100)
-    async with serve(router_settings(stack, decode=[doomed.url]), store) as (_, client):
-        for _ in range(2):  # the second pulls from the doomed engine: P is connected to it
-            await conversation.turn(client)
-    doomed.kill()
-    survivors = router_settings(stack, decode=[doomed.url, stack.decode[0].url])
-    async with serve(survivors, store) as (_, client):
-        # The pull from the dead holder stalls P's step (NIXL_ERR_REMOTE_DISCONNECT, then the
-        # request waits): after pull_s the router recomputes on the same P engine, and D
-        # moves to the survivor. The next turn pulls from the survivor.
-        for _ in range(2):
-            await conversation.turn(client)
+    """P dies holding a turn's request. P is stopped (SIGSTOP) before the turn is sent and
+    killed while the router waits on it, so the kill lands mid-request however fast the
+    machine is. The router serves that turn decode-only, and the next one too (P is gone)."""
+    conversation = Conversation(probe, tally, seed=500)
+    settings = router_settings(stack, prefill=[doomed_prefill.url])
+    async with serve(settings) as (_, client):
+        await conversation.turn(client)
+        pid = doomed_prefill.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGSTOP)
+        in_flight = asyncio.create_task(conversation.turn(client))
+        await asyncio.sleep(IN_FLIGHT_S)  # the router has sent the turn to the stopped P
+        assert not in_flight.done()
+        doomed_prefill.kill()
+        await in_flight
+        await conversation.turn(client)
         metrics = (await client.get("/metrics")).text
 
-    assert tally.all_good(4)
-    assert tally.paths == ["recompute", "reuse", "fallback", "reuse"]
-    assert tally.pulled[1] > 0 and tally.pulled[3] > 0
-    assert 'agentkv_engine_errors_total{kind="stall",role="prefill"} 1.0' in metrics
+    assert tally.all_good(3)
+    assert tally.paths[:2] == ["recompute", "fallback"]
+    assert 'agentkv_engine_errors_total{kind="connect",role="prefill"}' in metrics
 
 
 async def test_holding_freed_early_on_the_engine(
@@ -230,3 +239,30 @@ async def test_router_restarted_with_redis_resumes_reuse(
     assert tally.all_good(4)
     assert tally.paths[2:] == ["reuse", "reuse"]
     assert all(pulled > 0 for pulled in tally.pulled[1:])
+
+
+# Last: the pull from the dead holder leaves a request parked on the stack's prefill engine for
+# good (upstream defers the transfer's failure), and that engine's loop then never idles.
+async def test_decode_holder_killed_between_turns(
+    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+) -> None:
+    doomed = doomed_decode
+    store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
+    conversation = Conversation(probe, tally, seed=100)
+    async with serve(router_settings(stack, decode=[doomed.url]), store) as (_, client):
+        for _ in range(2):  # the second pulls from the doomed engine: P is connected to it
+            await conversation.turn(client)
+    doomed.kill()
+    survivors = router_settings(stack, decode=[doomed.url, stack.decode[0].url])
+    async with serve(survivors, store) as (_, client):
+        # The pull from the dead holder stalls P's step (NIXL_ERR_REMOTE_DISCONNECT, then the
+        # request waits): after pull_s the router recomputes on the same P engine, and D
+        # moves to the survivor. The next turn pulls from the survivor.
+        for _ in range(2):
+            await conversation.turn(client)
+        metrics = (await client.get("/metrics")).text
+
+    assert tally.all_good(4)
+    assert tally.paths == ["recompute", "reuse", "fallback", "reuse"]
+    assert tally.pulled[1] > 0 and tally.pulled[3] > 0
+    assert 'agentkv_engine_errors_total{kind="stall",role="prefill"} 1.0' in metrics

@@ -9,6 +9,7 @@ from agentkv_server.router.auth import AccessPolicy, tenant_id
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.policy import (
+    AlwaysPolicy,
     CostModelPolicy,
     Decision,
     NeverPolicy,
@@ -23,6 +24,7 @@ from agentkv_server.router.sessions import Holding, InMemoryStore, SessionStore,
 
 __all__ = [
     "AccessPolicy",
+    "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
     "Holding",

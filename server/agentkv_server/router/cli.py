@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policy",
-        choices=("agentkv", "upstream", "never"),
-        help="reuse policy: cost model (default), vLLM's example proxy, or never",
+        choices=("agentkv", "upstream", "never", "always"),
+        help="reuse policy: cost model (default), vLLM's example proxy, never, or always "
+        "(pull every live holding)",
     )
     parser.add_argument(
         "--secret",

@@ -24,6 +24,10 @@ __all__ = ["HoldingKeeper"]
 
 logger = logging.getLogger(__name__)
 
+# Tickets whose report nobody awaited (their turn failed, or answered in JSON) are dropped
+# oldest first beyond this many.
+_MAX_AWAITED_TICKETS = 4096
+
 
 class HoldingKeeper:
     """The router's side of the holdings protocol, over the session store."""
@@ -43,6 +47,8 @@ class HoldingKeeper:
         self._release_timeout = aiohttp.ClientTimeout(total=release_timeout_s)
         self._releases_enabled = releases_enabled
         self._background: set[asyncio.Task[Any]] = set()
+        # Tickets issued here whose holding is not recorded yet, each with the event it sets.
+        self._unrecorded: dict[str, asyncio.Event] = {}
 
     async def issue(
         self, session_id: str, decode_url: str, model: str, retention_s: float
@@ -56,7 +62,29 @@ class HoldingKeeper:
             retention_s=retention_s,
         )
         await self.store.add_ticket(ticket)
+        if len(self._unrecorded) >= _MAX_AWAITED_TICKETS:
+            del self._unrecorded[next(iter(self._unrecorded))]
+        self._unrecorded[ticket.ticket] = asyncio.Event()
         return ticket
+
+    async def wait_recorded(self, ticket_id: str, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until the ticket's holding is recorded.
+
+        A streamed turn's holding arrives in the decode engine's report, sent as the request
+        finishes; an agent sends its next turn as soon as the stream ends. Holding back the
+        stream's last event until the report is in closes that race. False on timeout.
+        """
+        event = self._unrecorded.get(ticket_id)
+        if event is None:
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            logger.debug("no holding report for ticket %s within %.2f s", ticket_id, timeout)
+            return False
+        finally:
+            self._unrecorded.pop(ticket_id, None)
+        return True
 
     async def record(self, ticket_id: str, params: Mapping[str, Any]) -> Holding | None:
         """Turn a decode engine's returned params into the session's holding.
@@ -64,6 +92,9 @@ class HoldingKeeper:
         Called from the response body and from the engine's report; the first pops the ticket,
         the second finds none and does nothing.
         """
+        recorded = self._unrecorded.pop(ticket_id, None)
+        if recorded is not None:
+            recorded.set()
         ticket = await self.store.pop_ticket(ticket_id)
         if ticket is None:
             return None

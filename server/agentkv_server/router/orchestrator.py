@@ -50,6 +50,7 @@ COLD_PREFILL_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_SSE_DONE = b"data: [DONE]"
 # Fields that make no sense for a one-token prefill step (min_tokens > 1 would even be refused).
 _PREFILL_DROPPED = ("stream_options", "min_tokens")
 
@@ -245,7 +246,7 @@ class Orchestrator:
             body = self._decode_body(turn, retention_s, ticket)
             try:
                 if request.stream:
-                    return await self._stream(turn, engine, body)
+                    return await self._stream(turn, engine, body, ticket)
                 return await self._complete(turn, engine, body, ticket)
             except EngineFailure as failure:
                 self._note_failure(turn, failure)
@@ -290,7 +291,9 @@ class Orchestrator:
             await self._keeper.record(ticket, params)
         return JSONResponse(answer, headers=turn.headers())
 
-    async def _stream(self, turn: _Turn, engine: Engine, body: dict[str, Any]) -> Response:
+    async def _stream(
+        self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
+    ) -> Response:
         engine.inflight += 1
         try:
             stream = await open_stream(
@@ -307,15 +310,26 @@ class Orchestrator:
             raise
         self._record_turn(turn)
         return StreamingResponse(
-            self._relay(stream, engine),
+            self._relay(stream, engine, ticket),
             media_type=stream.content_type,
             headers=turn.headers(),
         )
 
-    async def _relay(self, stream: DecodeStream, engine: Engine) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, stream: DecodeStream, engine: Engine, ticket: str | None
+    ) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream.chunks():
-                yield chunk
+                head, done, tail = chunk.partition(_SSE_DONE)
+                if ticket is None or not done:
+                    yield chunk
+                    continue
+                # The stream's end tells the client it may send its next turn: hold it back
+                # until D has reported this turn's holding, or that turn would recompute.
+                if head:
+                    yield head
+                await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
+                yield done + tail
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Bytes already went out: the client's stream just ends early.
             logger.debug("decode stream from %s broke: %r", engine.url, exc)

@@ -6,7 +6,9 @@ measures on its own prefill steps (exponentially weighted line fits), and skips 
 expire before the pull is done. It asks decode engines to retain KV for as long as the client's
 hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
 threshold, the engines' fixed 480 s retention, no hints) and ``never`` always recomputes and
-asks engines to keep nothing: the benchmark's modes ``upstream`` and ``recompute``.
+asks engines to keep nothing: the benchmark's modes ``upstream`` and ``recompute``. ``always``
+pulls every holding that will not expire first, whatever it costs (retention as ``agentkv``):
+for tests of the KV path, and for operators who know pulling wins on their hardware.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, PolicyName, RetentionSettings, Settings
 
 __all__ = [
+    "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
     "LinearFit",
@@ -157,6 +160,17 @@ class CostModelPolicy:
             self._pull.add(sample.pulled_tokens, max(pull_s, 0.0))
 
 
+class AlwaysPolicy(CostModelPolicy):
+    """Pull every holding that outlives the expiry guard; retain as the cost model does."""
+
+    name: PolicyName = "always"
+
+    def decide(self, holding: Holding, now: float) -> Decision:
+        if holding.remaining_s(now) < self._cost.expiry_guard_s:
+            return Decision(False, "expiring")
+        return Decision(True, "always")
+
+
 class UpstreamPolicy:
     """vLLM's example proxy: reuse from 64 held tokens, engines keep KV their fixed 480 s."""
 
@@ -199,4 +213,6 @@ def make_policy(settings: Settings) -> ReusePolicy:
         return UpstreamPolicy()
     if settings.policy == "never":
         return NeverPolicy()
+    if settings.policy == "always":
+        return AlwaysPolicy(settings.cost, settings.retention)
     return CostModelPolicy(settings.cost, settings.retention)

@@ -95,6 +95,7 @@ class StubEngine:
     healthy: bool = True
     report_cached_tokens: bool = True
     delay_s: float = 0.0
+    report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
     requests: list[RecordedRequest] = field(default_factory=list)
     retained: dict[str, Retained] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -289,7 +290,7 @@ class StubEngine:
         reporter = self.cluster.reporter
         if reporter is None:
             return
-        task = asyncio.create_task(_deliver(reporter, payload))
+        task = asyncio.create_task(_deliver(reporter, payload, self.report_delay_s))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
@@ -351,8 +352,9 @@ def http_reporter(router_url: str, secret: str) -> tuple[Reporter, Callable[[], 
     return report, close
 
 
-async def _deliver(reporter: Reporter, payload: dict[str, Any]) -> None:
+async def _deliver(reporter: Reporter, payload: dict[str, Any], delay_s: float) -> None:
     """A report that fails is lost, as with a real connector: the router then has no holding."""
+    await asyncio.sleep(delay_s)
     try:
         await reporter(payload)
     except Exception as exc:  # noqa: BLE001 - any failure of the reporter means the same

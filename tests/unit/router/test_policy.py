@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv_server.router import CostModelPolicy, NeverPolicy, PrefillSample, UpstreamPolicy
+from agentkv_server.router import (
+    AlwaysPolicy,
+    CostModelPolicy,
+    NeverPolicy,
+    PrefillSample,
+    UpstreamPolicy,
+    make_policy,
+)
 from agentkv_server.router.intake import TurnHints
+from agentkv_server.router.policy import Decision
 from agentkv_server.router.sessions import Holding
-from agentkv_server.settings import CostModelSettings, RetentionSettings
+from agentkv_server.settings import CostModelSettings, RetentionSettings, Settings
 
 NOW = 1000.0
 
@@ -90,3 +98,15 @@ def test_never_policy_recomputes_and_keeps_nothing():
     policy = NeverPolicy()
     assert not policy.decide(held(100_000), NOW).reuse
     assert policy.retention_s(TurnHints(next_turn_seconds=5.0)) == 0.0
+
+
+def test_always_policy_pulls_what_the_cost_model_would_recompute(policy: CostModelPolicy):
+    always = AlwaysPolicy(CostModelSettings(), RetentionSettings())
+    for _ in range(5):  # learning that recomputing is cheap changes nothing
+        always.observe(PrefillSample(computed_tokens=4000, pulled_tokens=0, seconds=0.001))
+    assert not policy.decide(held(40), NOW).reuse
+    assert always.decide(held(40), NOW) == Decision(True, "always")
+    assert always.decide(held(40, remaining_s=0.5), NOW).reason == "expiring"
+    assert always.retention_s(TurnHints(next_turn_seconds=None)) == RetentionSettings().default_s
+    settings = Settings(decode_urls=("http://d",), policy="always")
+    assert make_policy(settings).name == "always"

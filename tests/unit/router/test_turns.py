@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+
+import httpx
 
 from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing.harness import conversation
@@ -75,6 +78,42 @@ async def test_streamed_turn_records_its_holding_from_the_engines_report(make_ro
 
     response = await router.chat(conversation(2, 300), session="s1", stream=True)
     assert response.headers["x-agentkv-kv-path"] == "reuse"
+
+
+async def stream_without_waiting_for_reports(router, turn: int) -> httpx.Response:
+    """A streamed turn sent the moment the previous stream ended, as an agent loop sends it."""
+    body = {
+        "model": router.cluster.model,
+        "messages": conversation(turn, 300),
+        "max_tokens": 4,
+        "stream": True,
+    }
+    return await router.client.post(
+        "/v1/chat/completions", json=body, headers={"x-session-id": "eager"}
+    )
+
+
+async def test_a_streamed_turn_ends_only_once_its_holding_is_reported(make_router):
+    router = await make_router()
+    router.cluster.engines[-1].report_delay_s = 0.2  # D reports well after its last byte
+
+    await stream_without_waiting_for_reports(router, 1)
+    second = await stream_without_waiting_for_reports(router, 2)
+
+    assert second.headers["x-agentkv-kv-path"] == "reuse"
+    assert second.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_the_wait_for_a_report_is_bounded(make_router):
+    router = await make_router(timeouts={"report_s": 0.05})
+    router.cluster.engines[-1].report_delay_s = 0.5  # later than the router waits
+
+    began = time.monotonic()
+    first = await stream_without_waiting_for_reports(router, 1)
+    assert time.monotonic() - began < 0.45
+    assert first.text.rstrip().endswith("data: [DONE]")
+    second = await stream_without_waiting_for_reports(router, 2)
+    assert second.headers["x-agentkv-kv-path"] == "recompute"
 
 
 async def test_completions_endpoint_reuses_too(make_router):
