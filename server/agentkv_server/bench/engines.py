@@ -27,10 +27,11 @@ from agentkv_server.bundle.stack import ROUTER_URL_ENV, SECRET_ENV, core_layout
 __all__ = ["ENGINE_ARGS", "local_engines"]
 
 HOST = "127.0.0.1"
+# Every engine reports prompt-token details (the launcher's default), which gives the aggregated
+# mode its prefix-cache hits per request.
 ENGINE_ARGS: dict[Role, tuple[str, ...]] = {
     "prefill": ("--no-enable-prefix-caching",),
-    # Prompt-token details give the aggregated mode its prefix-cache hits per request.
-    "decode": ("--enable-prompt-tokens-details",),
+    "decode": (),
 }
 
 

@@ -108,6 +108,9 @@ class EngineSpec:
             "--kv-transfer-config", json.dumps(transfer),
             "--enable-auto-tool-choice",
             "--tool-call-parser", TOOL_CALL_PARSER,
+            # usage.prompt_tokens_details.cached_tokens: what P really loaded, so the router can
+            # tell a pull that loaded nothing from one that worked (and count reuse honestly).
+            "--enable-prompt-tokens-details",
         ]  # fmt: skip
         dtype = self.dtype or built_dtype(self.model)
         if dtype is not None:
