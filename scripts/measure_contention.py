@@ -14,16 +14,15 @@ engines use for 10 s while the decode engine holds the sessions. docs/connector.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+import agentkv
 from agentkv_server.bundle.launcher import AGENTKV_CONNECTOR, ConnectorSpec
 from agentkv_server.bundle.stack import Stack, StackConfig
 
@@ -38,25 +37,21 @@ OUTPUT_TOKENS = 8
 IDLE_WINDOW_S = 10.0
 
 
-def complete(stack: Stack, prompt: list[int], session: str) -> tuple[list[int], str, float]:
-    body = {
-        "model": stack.served_name,
-        "prompt": prompt,
-        "max_tokens": OUTPUT_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0,
-        "return_token_ids": True,
-    }
-    request = urllib.request.Request(
-        stack.endpoint + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", "x-session-id": session},
-    )
+def complete(
+    client: agentkv.OpenAI, model: str, prompt: list[int], session: agentkv.Session
+) -> tuple[list[int], str, float]:
+    """One token-id turn of ``session``: its output tokens, the router's KV path, its seconds."""
     began = time.monotonic()
-    with urllib.request.urlopen(request, timeout=300) as response:
-        answer = json.load(response)
-        path = response.headers.get("x-agentkv-kv-path", "?")
-    return answer["choices"][0]["token_ids"], path, time.monotonic() - began
+    answer = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=OUTPUT_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    took = time.monotonic() - began
+    path = session.last_turn.kv_path if session.last_turn else None
+    return answer.choices[0].model_extra["token_ids"], path or "?", took
 
 
 def cpu_seconds(stack: Stack) -> tuple[float, float]:
@@ -90,12 +85,14 @@ def measure(name: str, extra: dict[str, Any], args: argparse.Namespace) -> str:
     rng = random.Random(0)
     seconds: dict[str, list[float]] = {}
     with Stack(config) as stack:
-        for session in range(args.sessions):
+        client = agentkv.OpenAI(base_url=f"{stack.endpoint}/v1", api_key="-")
+        for index in range(args.sessions):
             prompt = [rng.randrange(10, 4000) for _ in range(args.history)]
-            for _ in range(args.turns):
-                output, path, took = complete(stack, prompt, f"contention-{session}")
-                seconds.setdefault(path, []).append(took)
-                prompt += output + [rng.randrange(10, 4000) for _ in range(NEW_TOKENS)]
+            with agentkv.session(f"contention-{index}") as session:
+                for _ in range(args.turns):
+                    output, path, took = complete(client, stack.served_name, prompt, session)
+                    seconds.setdefault(path, []).append(took)
+                    prompt += output + [rng.randrange(10, 4000) for _ in range(NEW_TOKENS)]
         before = cpu_seconds(stack)
         time.sleep(IDLE_WINDOW_S)
         after = cpu_seconds(stack)
