@@ -49,7 +49,12 @@ class EngineFailure(Exception):
 
     @property
     def engine_unreachable(self) -> bool:
-        return self.kind in ("connect", "timeout")
+        return self.kind in ("connect", "timeout", "hang")
+
+    @property
+    def engine_stuck(self) -> bool:
+        """The engine answered nothing in time, or made no progress."""
+        return self.kind in ("timeout", "hang", "stall")
 
 
 async def post_json(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing import InProcessRouter, conversation
 
@@ -225,3 +227,124 @@ async def test_health_checks_bring_engines_back(make_router):
     router.prefill[1].healthy = True
     await router.state.health.check_all()
     assert (await router.client.get("/health")).json()["status"] == "ok"
+
+
+# The watchdog's deadlines shrunk to stub scale: a test that fails to notice a fault runs into
+# the client's 5 s timeout instead.
+FAST_WATCHDOG: dict[str, Any] = {
+    "faults": {
+        "liveness_cache_s": 0.0,
+        "liveness_timeout_s": 0.2,
+        "progress_every_s": 0.05,
+        "stall_s": 0.3,
+    },
+    "timeouts": {"health_s": 0.2},
+}
+
+
+async def test_dead_holder_is_found_before_a_pull_is_planned(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    await router.chat(conversation(1, 500), session="s1")
+    holder, other = router.decode if router.decode[0].retained else router.decode[::-1]
+    await holder.stop()
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert len(holder.completions()) == 1 and len(other.completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="connect",role="decode"}') == 1
+
+
+async def test_holdings_of_an_engine_that_refused_a_connection_are_void(make_router):
+    """An engine restarted on the same address has lost its KV, even if it answers again."""
+    router = await make_router(**FAST_WATCHDOG)
+    engine = router.decode[0]
+    for session in ("s1", "s2"):
+        await router.chat(conversation(1, 500), session=session)
+    port = engine.port
+    await engine.stop()
+    await router.state.health.check_all()  # one refused connection is enough
+    await engine.start(port)  # the stub still has the blocks: only the router can refuse them
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy
+
+    responses = [await router.chat(conversation(2, 500), session=s) for s in ("s1", "s2")]
+
+    assert [r.headers["x-agentkv-kv-path"] for r in responses] == ["fallback", "fallback"]
+    assert all(r.kv_params == COLD_PREFILL_PARAMS for r in router.prefill[0].completions()[2:])
+    assert router.prefill[0].pulled == []
+
+
+async def test_frozen_holder_is_not_asked_for_a_pull(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    await router.chat(conversation(1, 500), session="s1")
+    holder, other = router.decode if router.decode[0].retained else router.decode[::-1]
+    holder.frozen = True  # as SIGSTOP: connections are accepted, nothing answers
+
+    response = await router.chat(conversation(2, 500), session="s1")
+    holder.frozen = False
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert len(other.completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="timeout",role="decode"}') == 1
+
+
+async def test_decode_step_without_progress_is_aborted_and_served_elsewhere(make_router):
+    """Non-streamed: no byte comes back before the answer is complete, so the router reads
+    the engine's progress beside it."""
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    router.decode[0].faults.append("hang")  # answers /metrics, its counters stay flat
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 200
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="decode"}') == 1
+    assert router.state.decode.engines[0].healthy is False  # suspect...
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy is True  # ...until its health probe passes
+
+
+async def test_frozen_decode_engine_is_left_for_another_before_the_first_chunk(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    router.decode[0].frozen = True
+
+    response = await router.chat(conversation(1, 50), stream=True)
+    router.decode[0].frozen = False
+
+    assert response.status_code == 200
+    assert response.text.rstrip().endswith("data: [DONE]")
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="decode"}') == 1
+
+
+async def test_frozen_prefill_engine_is_left_for_another(make_router):
+    router = await make_router(n_prefill=2, **FAST_WATCHDOG)
+    router.prefill[0].frozen = True
+
+    response = await router.chat(conversation(1, 100))
+    router.prefill[0].frozen = False
+
+    assert response.status_code == 200
+    assert len(router.prefill[1].completions()) == 1
+    assert router.state.prefill.engines[0].healthy is False
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="prefill"}') == 1
+
+
+async def test_pull_without_progress_is_retried_cold_long_before_the_pull_timeout(make_router):
+    router = await make_router(**FAST_WATCHDOG | {"timeouts": {"health_s": 0.2, "pull_s": 60}})
+    await router.chat(conversation(1, 500), session="s1")
+    router.prefill[0].faults.append("hang")  # as a pull parked on a dead holder
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    pull, cold = router.prefill[0].completions()[1:3]
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert router.state.prefill.engines[0].healthy is True  # the pull stalled, not P
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1
