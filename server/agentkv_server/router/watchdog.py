@@ -92,9 +92,7 @@ class Watchdog:
             if now_reading != reading:
                 reading, changed = now_reading, time.monotonic()
             elif time.monotonic() - changed >= self._settings.stall_s:
-                raise EngineFailure(
-                    engine, "stall", f"no progress in {self._settings.stall_s:g} s"
-                )
+                raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
 
     async def _progress(self, engine: Engine) -> float | None:
         """The engine's progress counters; None when it does not answer.

@@ -164,8 +164,8 @@ class StubEngine:
     async def _metrics(self, _: web.Request) -> web.Response:
         await self._thaw()
         text = (
-            f"vllm:prompt_tokens_total{{engine=\"0\"}} {float(self.prompt_tokens_total)}\n"
-            f"vllm:generation_tokens_total{{engine=\"0\"}} {float(self.generation_tokens_total)}\n"
+            f'vllm:prompt_tokens_total{{engine="0"}} {float(self.prompt_tokens_total)}\n'
+            f'vllm:generation_tokens_total{{engine="0"}} {float(self.generation_tokens_total)}\n'
         )
         return web.Response(text=text, content_type="text/plain")
 
