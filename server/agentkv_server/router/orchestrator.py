@@ -274,6 +274,10 @@ class Orchestrator:
                 if failure.is_client_error:
                     return self._passthrough(turn, failure)
                 excluded.append(engine)
+                if failure.engine_stuck:
+                    # D may have been waiting on P's KV (P gone after its step): the next D
+                    # computes the prompt itself rather than wait on the same transfer.
+                    turn.prefill_params = None
         raise _unservable(turn)
 
     async def _issue_ticket(self, turn: _Turn, engine: Engine, retention_s: float) -> str | None:

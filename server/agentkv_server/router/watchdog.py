@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -46,6 +47,8 @@ class Watchdog:
         self._settings = settings
         self._liveness_timeout = aiohttp.ClientTimeout(total=settings.liveness_timeout_s)
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        # One progress read per engine serves every step watched on it at the time.
+        self._reads: dict[Engine, tuple[float, asyncio.Future[float | None]]] = {}
 
     async def unanswered(self, engine: Engine) -> ErrorKind | None:
         """None when ``engine`` answers now; else why not, and it is marked suspect (or lost)."""
@@ -95,6 +98,14 @@ class Watchdog:
                 raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
 
     async def _progress(self, engine: Engine) -> float | None:
+        now = time.monotonic()
+        started, read = self._reads.get(engine, (-math.inf, None))
+        if read is None or now - started >= self._settings.progress_every_s / 2:
+            read = asyncio.ensure_future(self._read_progress(engine))
+            self._reads[engine] = (now, read)
+        return await asyncio.shield(read)  # a step that ends must not cancel the others' read
+
+    async def _read_progress(self, engine: Engine) -> float | None:
         """The engine's progress counters; None when it does not answer.
 
         An engine without those counters answers a fresh reading each time: answering is all

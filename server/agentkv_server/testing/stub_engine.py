@@ -106,6 +106,7 @@ class StubEngine:
     frozen: bool = False
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    metrics_reads: int = 0
     port: int = 0
     _runner: web.AppRunner | None = None
     _reports: set[asyncio.Task[None]] = field(default_factory=set)
@@ -163,6 +164,7 @@ class StubEngine:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         await self._thaw()
+        self.metrics_reads += 1
         text = (
             f'vllm:prompt_tokens_total{{engine="0"}} {float(self.prompt_tokens_total)}\n'
             f'vllm:generation_tokens_total{{engine="0"}} {float(self.generation_tokens_total)}\n'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
@@ -303,6 +304,8 @@ async def test_decode_step_without_progress_is_aborted_and_served_elsewhere(make
 
     assert response.status_code == 200
     assert len(router.decode[1].completions()) == 1
+    # It might have been waiting on P's KV: the other engine computes the prompt itself.
+    assert "do_remote_prefill" not in router.decode[1].completions()[0].kv_params
     assert await router.metric('agentkv_engine_errors_total{kind="stall",role="decode"}') == 1
     assert router.state.decode.engines[0].healthy is False  # suspect...
     await router.state.health.check_all()
@@ -320,6 +323,18 @@ async def test_frozen_decode_engine_is_left_for_another_before_the_first_chunk(m
     assert response.text.rstrip().endswith("data: [DONE]")
     assert len(router.decode[1].completions()) == 1
     assert await router.metric('agentkv_engine_errors_total{kind="hang",role="decode"}') == 1
+
+
+async def test_steps_watched_at_once_share_one_progress_read_per_engine(make_router):
+    settings = FAST_WATCHDOG | {"faults": FAST_WATCHDOG["faults"] | {"stall_s": 5.0}}
+    router = await make_router(**settings)
+    router.decode[0].delay_s = 0.5  # ten progress periods: every step is watched
+
+    responses = await asyncio.gather(*(router.chat(conversation(1, 50)) for _ in range(8)))
+
+    assert all(response.status_code == 200 for response in responses)
+    # One read per half period at most (about 20), not one per step and period (80).
+    assert 0 < router.decode[0].metrics_reads <= 0.5 / 0.025 + 2
 
 
 async def test_frozen_prefill_engine_is_left_for_another(make_router):
