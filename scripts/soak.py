@@ -127,33 +127,28 @@ class Soak:
         tally.turns.append(record)
         return output
 
-    def body(self) -> dict[str, Any]:
-        return {"ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
-
-    async def complete(self, prompt: list[int]) -> tuple[list[int], dict[str, float]]:
-        answer = await self.client.completions.create(
+    def create(self, prompt: list[int], **options: Any) -> Any:
+        return self.client.completions.create(
             model=self.stack.served_name,
             prompt=prompt,
             max_tokens=self.args.output_tokens,
             temperature=0,
-            logprobs=TOP_K,
-            extra_body=self.body(),
+            extra_body={
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+            },
+            **options,
         )
-        choice = answer.choices[0]
+
+    async def complete(self, prompt: list[int]) -> tuple[list[int], dict[str, float]]:
+        choice = (await self.create(prompt, logprobs=TOP_K)).choices[0]
         assert choice.logprobs is not None and choice.logprobs.top_logprobs
         return choice.model_extra["token_ids"], choice.logprobs.top_logprobs[0]
 
     async def streamed(self, prompt: list[int]) -> list[int]:
-        stream = await self.client.completions.create(
-            model=self.stack.served_name,
-            prompt=prompt,
-            max_tokens=self.args.output_tokens,
-            temperature=0,
-            stream=True,
-            extra_body=self.body(),
-        )
         output: list[int] = []
-        async for chunk in stream:
+        async for chunk in await self.create(prompt, stream=True):
             for choice in chunk.choices:
                 output += (choice.model_extra or {}).get("token_ids") or []
         if len(output) != self.args.output_tokens:
