@@ -334,6 +334,7 @@ class Orchestrator:
                     turn.request.headers,
                     timeout=self._decode_timeout,
                     first_chunk_s=self._settings.timeouts.first_token_s,
+                    idle_s=self._settings.faults.stall_s,
                 ),
             )
         except BaseException:
@@ -363,8 +364,9 @@ class Orchestrator:
                 yield done + tail
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Bytes already went out: the client's stream just ends early.
-            logger.debug("decode stream from %s broke: %r", engine.url, exc)
+            logger.warning("decode stream from %s broke: %r", engine.url, exc)
             self._metrics.record_engine_error("decode", "stream")
+            engine.mark_suspect()
         finally:
             stream.close()
             engine.inflight -= 1

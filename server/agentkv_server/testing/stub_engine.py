@@ -104,6 +104,7 @@ class StubEngine:
     pulled: list[tuple[str, str, int]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     frozen: bool = False
+    stall_after_chunks: int | None = None  # a stream stops (and hangs) after this many chunks
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     metrics_reads: int = 0
@@ -307,6 +308,8 @@ class StubEngine:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for index in range(n):
+            if index == self.stall_after_chunks:
+                await asyncio.sleep(3600)  # the client's deadline ends it
             chunk = _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
