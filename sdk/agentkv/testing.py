@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,8 @@ class FakeRouter:
         events = _events_for(request.url.path)(reply, body.get("model", "fake"))
         headers = self._router_headers(request.headers)
         if body.get("stream"):
-            return openai_httpx.Response(200, headers=headers, content=_sse(events[:-1]))
+            sse = {**headers, "content-type": "text/event-stream"}
+            return openai_httpx.Response(200, headers=sse, stream=_EventStream(events[:-1]))
         return openai_httpx.Response(200, headers=headers, json=events[-1])
 
     def _router_headers(self, request_headers: openai_httpx.Headers) -> dict[str, str]:
@@ -102,9 +103,20 @@ class FakeRouter:
         }
 
 
-def _sse(events: list[dict[str, Any]]) -> bytes:
-    lines = [f"data: {json.dumps(event)}\n\n" for event in events]
-    return "".join([*lines, "data: [DONE]\n\n"]).encode()
+class _EventStream(openai_httpx.SyncByteStream, openai_httpx.AsyncByteStream):
+    """A streamed body that yields one server-sent event at a time, to sync and async clients,
+    so that clients see a stream's events arrive one by one as they would from a server."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self._parts = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
+        self._parts.append(b"data: [DONE]\n\n")
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self._parts:
+            yield part
 
 
 def _events_for(path: str) -> Callable[[Reply, str], list[dict[str, Any]]]:

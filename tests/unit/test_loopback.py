@@ -42,6 +42,7 @@ class _Handler(BaseHTTPRequestHandler):
             "POST", f"http://loopback{self.path}", headers=list(self.headers.items()), content=body
         )
         response = self.server.fake(request)
+        response.read()
         self.send_response(response.status_code)
         for name, value in response.headers.items():
             if name != "content-length":
