@@ -100,7 +100,10 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
             logger.debug("agentkv: %r ended outside the context it started in", session)
 
 
+# One handler for every context and thread (its state is keyed by run id and locked), so the
+# default is the shared instance rather than a per-context value.
 _default_handler: ContextVar[AgentKVCallbackHandler | None] = ContextVar(
-    "agentkv_langchain_handler", default=AgentKVCallbackHandler()
+    "agentkv_langchain_handler",
+    default=AgentKVCallbackHandler(),  # noqa: B039
 )
 register_configure_hook(_default_handler, True, AgentKVCallbackHandler)

@@ -58,9 +58,7 @@ class ChatOpenAI(langchain_openai.ChatOpenAI):
         given = {key: values.get(key) for key in ("http_client", "http_async_client")}
         # LangChain refuses openai_proxy next to http clients: the proxy moves into ours.
         proxy = None if any(given.values()) else values.pop("openai_proxy", None)
-        clients = http_clients(
-            agentkv_body=values.get("agentkv_body", True), proxy=proxy, **given
-        )
+        clients = http_clients(agentkv_body=values.get("agentkv_body", True), proxy=proxy, **given)
         return {**values, **clients}
 
     @property

@@ -189,4 +189,3 @@ def _tagged_request(request: Any, body: dict[str, Any], tags: TurnTags, *, send_
         content=content,
         extensions=request.extensions,
     )
-

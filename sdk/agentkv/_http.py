@@ -79,9 +79,7 @@ def _observe(call: ModelCall, response: Any, *, body_read: bool) -> None:
 
 
 @overload
-def http_client(
-    client: None = None, *, agentkv_body: bool = True
-) -> openai.DefaultHttpxClient: ...
+def http_client(client: None = None, *, agentkv_body: bool = True) -> openai.DefaultHttpxClient: ...
 
 
 @overload

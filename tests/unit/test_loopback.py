@@ -77,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def loopback() -> Iterator[LoopbackRouter]:
-    with LoopbackRouter.serving(FakeRouter([Reply.tool_call("weather"), Reply("18C")] * 4)) as server:
+    with LoopbackRouter.serving(
+        FakeRouter([Reply.tool_call("weather"), Reply("18C")] * 4)
+    ) as server:
         yield server
 
 
