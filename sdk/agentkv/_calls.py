@@ -175,13 +175,25 @@ def _turn_tags(session: Session, request: Any, body: dict[str, Any]) -> TurnTags
         return tags
 
 
+def _tagged_content(content: bytes, body: dict[str, Any], tags: TurnTags) -> bytes:
+    """The JSON body with the turn's fields; new top-level fields are spliced in before the
+    closing brace, so a long conversation is not serialized a second time."""
+    tagged = tag_body(body, tags)
+    if any(tagged[key] is not body[key] for key in body):  # a null field was filled in
+        return json.dumps(tagged).encode()
+    added = json.dumps({key: value for key, value in tagged.items() if key not in body})
+    end = content.rindex(b"}")
+    separator = b"," if body else b""
+    return content[:end] + separator + added[1:-1].encode() + content[end:]
+
+
 def _tagged_request(request: Any, body: dict[str, Any], tags: TurnTags, *, send_body: bool) -> Any:
     """A copy of ``request`` (httpx or httpx2) with the turn's headers and body fields added."""
     headers = [
         (name, value) for name, value in request.headers.multi_items() if name != "content-length"
     ]
     headers += list(headers_to_add(tags, request.headers.keys()).items())
-    content = json.dumps(tag_body(body, tags)).encode() if send_body else request.content
+    content = _tagged_content(request.content, body, tags) if send_body else request.content
     return type(request)(
         request.method,
         request.url,

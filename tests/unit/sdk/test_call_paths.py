@@ -262,3 +262,33 @@ def test_a_retried_attempt_keeps_its_turn() -> None:
     assert [a.headers["x-agentkv-turn"] for a in attempts] == ["1", "1", "2"]
     assert [a.headers["x-stainless-retry-count"] for a in attempts] == ["0", "1", "0"]
     assert [turn.turn for turn in session.turns] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "messages": [USER]},
+        {"model": "m", "messages": [USER], "prompt_cache_key": None},
+        {"model": "m", "messages": [USER], "prompt_cache_key": "mine"},
+        {},
+    ],
+)
+def test_the_tagged_body_is_the_callers_json_plus_the_turn(body) -> None:
+    router = FakeRouter()
+    client = agentkv.OpenAI(api_key="test", http_client=router.http_client())
+    with agentkv.session("body") as session:
+        client.post("/chat/completions", cast_to=object, body=body)
+    (request,) = router.requests
+    expected_key = body.get("prompt_cache_key") or "body"
+    assert request.body == {
+        **body,
+        "prompt_cache_key": expected_key,
+        "agentkv": {
+            "session_id": "body",
+            "turn": 1,
+            "tool_continuation": False,
+            "session_end": False,
+            "version": agentkv.__version__,
+        },
+    }
+    assert session.turn == 1
