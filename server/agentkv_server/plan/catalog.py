@@ -16,6 +16,7 @@ from agentkv_server.plan.inputs import (
     NodeSpec,
     SeedCase,
     ServingSpec,
+    Slo,
     Source,
     Workload,
 )
@@ -23,6 +24,7 @@ from agentkv_server.plan.inputs import (
 __all__ = [
     "GLM_5_FP8",
     "H200",
+    "ITL_SLO",
     "NIXL_OVER_EFA",
     "P5EN",
     "QWEN3_32B",
@@ -196,6 +198,15 @@ SEED_WORKLOAD = Workload(
         "https://github.com/vllm-project/vllm/pull/32553 (AWS's multi-turn benchmark of "
         "bidirectional KV transfer on p5en: 120-160 new input tokens and 800-1,200 output "
         "tokens per turn)",
+    ),
+)
+
+ITL_SLO = Slo(
+    itl_budget_s=0.025,
+    source=Source(
+        "specification",
+        "https://docs.nvidia.com/dynamo/dev/benchmarks/qwen3-32b-kv-routing (goodput of "
+        "disaggregated Qwen3-32B on H200 counted at TTFT 2 s and ITL 25 ms)",
     ),
 )
 

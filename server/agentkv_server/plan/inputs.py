@@ -19,6 +19,7 @@ __all__ = [
     "NodeSpec",
     "SeedCase",
     "ServingSpec",
+    "Slo",
     "Source",
     "Workload",
 ]
@@ -165,6 +166,15 @@ class Workload:
 
     new_tokens: int
     output_tokens: int
+    source: Source
+
+
+@dataclass(frozen=True)
+class Slo:
+    """What the deployment promises the sessions decoding on D: the holder path may prefill on
+    D only if the other sessions' decoding stalls no longer than ``itl_budget_s``."""
+
+    itl_budget_s: float
     source: Source
 
 

@@ -8,7 +8,10 @@ brings ``new`` fresh tokens. Three ways to its first token:
 * **pull**: P loads the history from D over the network, computes the new part, D loads
   that and decodes;
 * **holder** (continue on the holder): D prefills the new tokens itself on top of its cache,
-  inside the batch of the other sessions it is decoding.
+  inside the batch of the other sessions it is decoding, stalling them for that long.
+
+agentkv's policy picks the fastest open path per turn, the holder path only while its stall
+stays within the deployment's ITL budget (:class:`~agentkv_server.plan.inputs.Slo`).
 
 Compute-bound steps run at ``mfu`` of the GPUs' dense peak; memory-bound ones at HBM
 bandwidth; each step takes the longer of the two. KV loads cost what
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentkv_server.plan import architecture as arch
-from agentkv_server.plan.catalog import H200, NIXL_OVER_EFA, P5EN, SEED_WORKLOAD
+from agentkv_server.plan.catalog import H200, ITL_SLO, NIXL_OVER_EFA, P5EN, SEED_WORKLOAD
 from agentkv_server.plan.inputs import (
     AssumedEfficiency,
     GpuSpec,
@@ -31,6 +34,7 @@ from agentkv_server.plan.inputs import (
     NodeSpec,
     SeedCase,
     ServingSpec,
+    Slo,
     Workload,
 )
 
@@ -58,14 +62,21 @@ class FollowUp:
     seconds: dict[PathName, float | None]
     holder_stall_s: float | None
     """How long the holder path's prefill holds up the other sessions' decoding on D."""
+    holder_allowed: bool
+    """Whether that stall fits the ITL budget (always, with no other session to stall)."""
 
     @property
     def best(self) -> PathName:
-        open_paths = {p: s for p, s in self.seconds.items() if s is not None}
-        return min(open_paths, key=open_paths.__getitem__)
+        """agentkv's per-turn pick: the fastest open path the ITL budget allows."""
+        allowed = {
+            p: s
+            for p, s in self.seconds.items()
+            if s is not None and (p != "holder" or self.holder_allowed)
+        }
+        return min(allowed, key=allowed.__getitem__)
 
     def margins(self) -> dict[PathName, float | None]:
-        """How many times slower each fixed path is than the per-turn best choice."""
+        """Each fixed path's TTFT over the policy's (below 1: faster, but over the budget)."""
         best = self.seconds[self.best]
         assert best is not None
         return {p: None if s is None else s / best for p, s in self.seconds.items()}
@@ -82,12 +93,14 @@ class ClusterModel:
         node: NodeSpec = P5EN,
         link: LinkSpec = NIXL_OVER_EFA,
         workload: Workload = SEED_WORKLOAD,
+        slo: Slo = ITL_SLO,
     ) -> None:
         self.serving = serving
         self.gpu = gpu
         self.node = node
         self.link = link
         self.workload = workload
+        self.slo = slo
         self.mfu = self._prefill_mfu()
 
     @property
@@ -214,6 +227,7 @@ class ClusterModel:
                 "holder": self.holder_s(history, others) if held else None,
             },
             holder_stall_s=stall if held else None,
+            holder_allowed=held and (others == 0 or stall <= self.slo.itl_budget_s),
         )
 
     def sweep(self, histories: Iterable[int], session_points: int) -> list[FollowUp]:
