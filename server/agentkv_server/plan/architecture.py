@@ -197,7 +197,9 @@ def prefill_flops(
     attention = c.layers * per_pair * causal_pairs(new_tokens, context, c.index_topk)
     indexer = 0.0
     if c.index_topk:
-        indexer = c.layers * 2 * c.index_heads * c.index_head_dim * causal_pairs(new_tokens, context)
+        indexer = (
+            c.layers * 2 * c.index_heads * c.index_head_dim * causal_pairs(new_tokens, context)
+        )
     return PrefillFlops(linear=linear, attention=attention, indexer=indexer)
 
 

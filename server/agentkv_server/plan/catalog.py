@@ -29,8 +29,8 @@ __all__ = [
     "P5EN",
     "QWEN3_32B",
     "SEED_CASES",
-    "SERVINGS",
     "SEED_WORKLOAD",
+    "SERVINGS",
 ]
 
 H200 = GpuSpec(

@@ -134,7 +134,9 @@ def _cluster_model(key: str, args: argparse.Namespace) -> ClusterModel:
     )
     slo = ITL_SLO
     if args.itl_budget_ms != ITL_SLO.itl_budget_s * 1000:
-        slo = dataclasses.replace(ITL_SLO, itl_budget_s=args.itl_budget_ms / 1000, source=_FLAG_SOURCE)
+        slo = dataclasses.replace(
+            ITL_SLO, itl_budget_s=args.itl_budget_ms / 1000, source=_FLAG_SOURCE
+        )
     return ClusterModel(serving, link=link, workload=workload, slo=slo)
 
 

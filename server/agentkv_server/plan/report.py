@@ -67,14 +67,17 @@ def render_table(plan: Plan) -> str:
         lines += ["", _model_heading(model), _header(), _rule()]
         lines += [_row(r) for r in plan.rows[model.serving.model.name]]
     budget = plan.models[0].slo.itl_budget_s
-    lines += [
-        "",
+    lines += ["", _legend_line(budget)]
+    return "\n".join(lines)
+
+
+def _legend_line(itl_budget_s: float) -> str:
+    return (
         "sessions: held on the decode engine / its memory limit; holder stall: how long the "
         "holder path holds up the other sessions' decoding (! over the "
-        f"{_ms(budget)} ms ITL budget, so the policy does not pick it); vs PATH: that fixed "
-        "path's TTFT over the policy's pick.",
-    ]
-    return "\n".join(lines)
+        f"{_ms(itl_budget_s)} ms ITL budget, so the policy does not pick it); vs PATH: that "
+        "fixed path's TTFT over the policy's pick."
+    )
 
 
 def _seed_line(check: SeedCheck) -> str:
@@ -238,7 +241,9 @@ def _inputs_json(model: ClusterModel) -> dict[str, Any]:
         },
         "link": {
             "efficiency": _cited(link.efficiency, "fraction", link.sources["efficiency"]),
-            "per_descriptor_s": _cited(link.per_descriptor_s, "s", link.sources["per_descriptor_s"]),
+            "per_descriptor_s": _cited(
+                link.per_descriptor_s, "s", link.sources["per_descriptor_s"]
+            ),
             "handover_s": _cited(link.handover_s, "s", link.sources["handover_s"]),
             "http_hop_s": _cited(link.http_hop_s, "s", link.sources["http_hop_s"]),
         },
