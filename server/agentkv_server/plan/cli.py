@@ -82,6 +82,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"fraction of EFA line rate a KV load reaches (default {NIXL_OVER_EFA.efficiency:.2f})",
     )
     parser.add_argument(
+        "--block-size",
+        type=_positive_int,
+        help="override every model's KV block size in tokens (fewer, larger NIXL descriptors)",
+    )
+    parser.add_argument(
         "--itl-budget-ms",
         type=float,
         default=ITL_SLO.itl_budget_s * 1000,
@@ -106,7 +111,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     models = [_cluster_model(key, args) for key in args.models or sorted(SERVINGS)]
-    plan = build_plan(models, args.history_tokens, args.session_points)
+    seed_models = {SERVINGS[key].model.name: _cluster_model(key, args) for key in SERVINGS}
+    plan = build_plan(models, args.history_tokens, args.session_points, seed_models)
     plot = None if args.no_plot else _write_plot(plan, args.plot)
     if args.json:
         print(json.dumps(plan_json(plan, plot), indent=2))
@@ -123,6 +129,8 @@ def _cluster_model(key: str, args: argparse.Namespace) -> ClusterModel:
     if args.mfu is not None:
         efficiency = AssumedEfficiency(mfu=args.mfu, source=_FLAG_SOURCE)
         serving = dataclasses.replace(serving, prefill_efficiency=efficiency)
+    if args.block_size is not None:
+        serving = dataclasses.replace(serving, block_size=args.block_size)
     link = NIXL_OVER_EFA
     if args.link_efficiency is not None:
         link = dataclasses.replace(link, efficiency=args.link_efficiency)

@@ -268,11 +268,15 @@ class SeedCheck:
         return self.predicted_ratio / self.published_ratio - 1
 
 
-def check_seed(case: SeedCase, **overrides: object) -> SeedCheck:
-    """Predict a seed case from the catalog's inputs (``overrides`` as :class:`ClusterModel`)."""
-    model = ClusterModel(case.serving, **overrides)  # type: ignore[arg-type]
+def check_seed(case: SeedCase, model: ClusterModel | None = None) -> SeedCheck:
+    """Predict a seed case with ``model`` (default: the catalog's inputs for its model).
+
+    The seed's own workload applies whatever ``model``'s is: the check is of the physics.
+    """
+    base = model or ClusterModel(case.serving)
+    seeded = ClusterModel(base.serving, gpu=base.gpu, node=base.node, link=base.link, slo=base.slo)
     return SeedCheck(
         case=case,
-        predicted_recompute_s=model.recompute_s(case.history_tokens),
-        predicted_pull_s=model.pull_s(case.history_tokens),
+        predicted_recompute_s=seeded.recompute_s(case.history_tokens),
+        predicted_pull_s=seeded.pull_s(case.history_tokens),
     )

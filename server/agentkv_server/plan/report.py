@@ -6,7 +6,7 @@ without the ``bench`` extra still prints the table and the JSON.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,15 +44,20 @@ class Plan:
 
 
 def build_plan(
-    models: Sequence[ClusterModel], histories: Sequence[int], session_points: int
+    models: Sequence[ClusterModel],
+    histories: Sequence[int],
+    session_points: int,
+    seed_models: Mapping[str, ClusterModel] | None = None,
 ) -> Plan:
-    """Sweep each model; check the seed on the same hardware and link as the models."""
-    first = models[0]
-    overrides = {"gpu": first.gpu, "node": first.node, "link": first.link}
+    """Sweep each model; check the seed with ``seed_models`` (by model name) where given, the
+    catalog's inputs otherwise."""
+    seed_models = seed_models or {}
     return Plan(
         models=tuple(models),
         rows={m.serving.model.name: m.sweep(histories, session_points) for m in models},
-        seed_checks=tuple(check_seed(case, **overrides) for case in SEED_CASES),
+        seed_checks=tuple(
+            check_seed(case, seed_models.get(case.serving.model.name)) for case in SEED_CASES
+        ),
     )
 
 
