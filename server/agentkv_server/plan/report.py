@@ -268,7 +268,12 @@ def _inputs_json(model: ClusterModel) -> dict[str, Any]:
 
 def _config_fields(config: Any) -> dict[str, Any]:
     skip = {"name", "source", "published_params"}
-    return {k: v for k, v in vars(config).items() if k not in skip and v not in (0, None)}
+    unset = (None, 0)
+    return {
+        k: v
+        for k, v in vars(config).items()
+        if k not in skip and (isinstance(v, bool) or v not in unset)
+    }
 
 
 def _derived_json(model: ClusterModel) -> dict[str, Any]:
