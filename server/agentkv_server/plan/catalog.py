@@ -157,7 +157,7 @@ SERVINGS: dict[str, ServingSpec] = {
     "glm-5-fp8": ServingSpec(
         model=GLM_5_FP8,
         tensor_parallel=8,
-        kv_cache_precision="fp8",
+        kv_cache_precision="bf16",
         block_size=64,
         gpu_memory_utilization=0.9,
         prefill_efficiency=MeasuredPrefill(
@@ -173,8 +173,10 @@ SERVINGS: dict[str, ServingSpec] = {
             "tensor_parallel": _ONE_NODE_PER_ENGINE,
             "kv_cache_precision": Source(
                 "specification",
-                "https://github.com/vllm-project/recipes/pull/754 (GLM-5 recipes on Hopper "
-                "serve with --kv-cache-dtype fp8)",
+                "vLLM --kv-cache-dtype auto: BF16 for GLM-5-FP8; an FP8 default for GLM FP8 "
+                "checkpoints came only with https://github.com/vllm-project/vllm/pull/53138, "
+                "after the seed (later GLM-5.x recipes pass --kv-cache-dtype fp8 on Hopper: "
+                "https://github.com/vllm-project/recipes/pull/754)",
             ),
             "block_size": Source(
                 "specification", "FlashMLA's sparse kernels page the latent cache by 64 tokens"

@@ -87,6 +87,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="override every model's KV block size in tokens (fewer, larger NIXL descriptors)",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("bf16", "fp8"),
+        help="override every model's KV cache precision",
+    )
+    parser.add_argument(
         "--itl-budget-ms",
         type=float,
         default=ITL_SLO.itl_budget_s * 1000,
@@ -131,6 +136,8 @@ def _cluster_model(key: str, args: argparse.Namespace) -> ClusterModel:
         serving = dataclasses.replace(serving, prefill_efficiency=efficiency)
     if args.block_size is not None:
         serving = dataclasses.replace(serving, block_size=args.block_size)
+    if args.kv_cache_dtype is not None:
+        serving = dataclasses.replace(serving, kv_cache_precision=args.kv_cache_dtype)
     link = NIXL_OVER_EFA
     if args.link_efficiency is not None:
         link = dataclasses.replace(link, efficiency=args.link_efficiency)

@@ -48,6 +48,7 @@ def test_flags_change_the_answer(capsys) -> None:
 
     assert pull_ms("--link-efficiency", "0.2") > pull_ms()
     assert pull_ms("--new-tokens", "4000") > pull_ms()
+    assert pull_ms("--kv-cache-dtype", "fp8") < pull_ms()  # half the latent bytes to move
 
 
 @pytest.mark.parametrize(

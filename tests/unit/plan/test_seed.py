@@ -7,20 +7,8 @@ import pytest
 
 from agentkv_server.plan import SEED_CASES, SEED_TOLERANCE, check_seed
 
-KNOWN_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="the model predicts 3.9x where GLM-5-FP8 measured 3.3x (+18%): "
-    "docs/cluster-model.md, 'Seed check', says which published input is missing",
-)
 
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, id=c.serving.model.name, marks=KNOWN_GAP if c.serving.model.is_moe else ())
-        for c in SEED_CASES
-    ],
-)
+@pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.serving.model.name)
 def test_model_reproduces_the_published_ratio(case) -> None:
     check = check_seed(case)
     assert abs(check.predicted_ratio / check.published_ratio - 1) <= SEED_TOLERANCE, (
