@@ -93,7 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--itl-budget-ms",
-        type=float,
+        type=_positive_float,
         default=ITL_SLO.itl_budget_s * 1000,
         help="longest stall of other sessions' decoding the holder path may cause "
         f"(default {ITL_SLO.itl_budget_s * 1000:.0f})",
@@ -110,7 +110,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-seed",
         action="store_true",
-        help=f"exit 1 when a seed ratio is off by more than {SEED_TOLERANCE:.0%}",
+        help=f"exit 1 when a seed ratio is off by more than {SEED_TOLERANCE * 100:.0f}%%",
     )
 
 
@@ -193,11 +193,18 @@ def _positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _fraction(text: str) -> float:
+def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0: {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1]: {value}")
     return value

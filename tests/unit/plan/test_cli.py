@@ -51,12 +51,24 @@ def test_flags_change_the_answer(capsys) -> None:
     assert pull_ms("--kv-cache-dtype", "fp8") < pull_ms()  # half the latent bytes to move
 
 
+def test_help_lists_every_flag(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--json", "--plot", "--no-plot", "--check-seed", "--history-tokens", "--mfu"):
+        assert flag in out
+    assert "off by more than 15%" in out
+
+
 @pytest.mark.parametrize(
     ("flags", "complaint"),
     [
         (["--history-tokens", "0"], "must be at least 1"),
         (["--history-tokens", "2k"], "not a whole number"),
         (["--mfu", "1.5"], "must be in (0, 1]"),
+        (["--mfu", "0"], "must be above 0"),
+        (["--itl-budget-ms", "-5"], "must be above 0"),
         (["--model", "gpt-9"], "invalid choice"),
         (["--bogus"], "unrecognized arguments"),
     ],
