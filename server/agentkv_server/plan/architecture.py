@@ -24,6 +24,7 @@ __all__ = [
     "kv_descriptors_per_rank",
     "prefill_flops",
     "total_params",
+    "weight_bytes",
     "weight_bytes_read",
 ]
 
@@ -80,6 +81,11 @@ def active_params(c: ModelConfig) -> float:
     """Parameters one token uses, embeddings included (the way model cards count them)."""
     routed = _moe_layers(c) * c.experts_per_token * expert_params(c)
     return _always_active_params(c) + routed + _embedding_params(c)
+
+
+def weight_bytes(c: ModelConfig) -> float:
+    """Bytes of all weights at the checkpoint's precision."""
+    return total_params(c) * _BYTES[c.weight_precision]
 
 
 def weight_bytes_read(c: ModelConfig, tokens: int, tensor_parallel: int) -> float:

@@ -171,8 +171,8 @@ class ClusterModel:
         """Tokens of KV one decode engine can hold: HBM left after the weights."""
         serving = self.serving
         model = serving.model
-        weights = arch.total_params(model) * (1 if model.weight_precision == "fp8" else 2)
-        free = self.gpu.hbm_bytes * serving.gpu_memory_utilization - weights / self._tp
+        weights_per_gpu = arch.weight_bytes(model) / self._tp
+        free = self.gpu.hbm_bytes * serving.gpu_memory_utilization - weights_per_gpu
         per_token = arch.kv_bytes_per_token_per_rank(model, serving.kv_cache_precision, self._tp)
         return max(int(free // per_token), 0)
 
