@@ -86,6 +86,9 @@ class EngineSpec:
     dtype: str | None = None  # --dtype; None: a test model's own dtype, else vLLM's "auto"
     engine_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # NIXL's engine id, unique per engine (a puller keys its handshakes by it). Default: name,
+    # unique on one host; pods of one pool share a port, so a deployment gives its pod name.
+    engine_id: str | None = None
 
     @property
     def name(self) -> str:
@@ -98,7 +101,7 @@ class EngineSpec:
     def command(self) -> list[str]:
         """The engine's command line; ``engine_args`` come last so that they can override."""
         defaults = _CPU_TRANSFER_DEFAULTS if self.device == "cpu" else None
-        transfer = self.connector.transfer_config(self.name, defaults)
+        transfer = self.connector.transfer_config(self.engine_id or self.name, defaults)
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),
