@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -485,6 +486,33 @@ def test_kubectl_kustomize_renders_what_the_tests_check(directory: Path) -> None
 # --- docs/deploy.md ------------------------------------------------------------------------------
 
 
+def documented_overlay() -> Resource:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    documents = [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
+    (overlay,) = [doc for doc in documents if doc["kind"] == "Kustomization"]
+    return overlay
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_documented_overlay_renders_a_consistent_deployment(tmp_path: Path) -> None:
+    overlay = documented_overlay()
+    overlay["resources"] = [os.path.relpath(BASE, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    resources = [r for r in yaml.safe_load_all(rendered) if r]
+
+    assert find(resources, "StatefulSet", "agentkv-decode")["spec"]["replicas"] == 2
+    assert {r["metadata"]["namespace"] for r in resources} == {overlay["namespace"]}
+    engine = container(resources, "StatefulSet", "agentkv-prefill", "engine")
+    assert engine["image"] == "registry.example.com/agentkv-engine:0.1.0"
+    assert engine["args"][-1] == "--max-model-len=32768"
+    assert schema_errors(resources, VERSIONS[-1]) == []
+    assert reference_errors(resources) == router_errors(resources) == []
+    assert engine_drift(resources, "prefill") == engine_drift(resources, "decode") == []
+
+
 def test_the_yaml_in_the_docs_validates() -> None:
     """Overlays must build on the base; everything else validates against the schemas."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
@@ -499,6 +527,6 @@ def test_the_yaml_in_the_docs_validates() -> None:
 
 def test_the_docs_create_the_secret_the_manifests_read() -> None:
     text = DOCS.read_text()
-    command = re.search(rf"kubectl create secret generic {SECRET}\b(.*?)\n\n", text, re.DOTALL)
+    command = re.search(rf"create secret generic {SECRET}\b(.*?)```", text, re.DOTALL)
     assert command, f"docs/deploy.md does not create the Secret {SECRET!r}"
     assert set(re.findall(r"--from-literal=([a-z-]+)=", command.group(1))) == SECRET_KEYS
