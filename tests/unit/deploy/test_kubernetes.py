@@ -93,25 +93,22 @@ def pod_labels(workload: Resource) -> dict[str, str]:
 
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists) or a Service's map."""
-    match = selector.get("matchLabels", {}) if _is_label_selector(selector) else selector
-    if any(labels.get(key) != value for key, value in match.items()):
+    """A LabelSelector (matchLabels, matchExpressions) or a Service's plain label map."""
+    if not {"matchLabels", "matchExpressions"} & selector.keys():
+        selector = {"matchLabels": selector}
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
         return False
-    for expression in selector.get("matchExpressions", []) if _is_label_selector(selector) else []:
-        key, operator, values = expression["key"], expression["operator"], expression.get("values")
-        present = key in labels
-        if not {
-            "In": present and labels.get(key) in (values or []),
-            "NotIn": labels.get(key) not in (values or []),
-            "Exists": present,
-            "DoesNotExist": not present,
-        }[operator]:
-            return False
-    return True
+    return all(_matches(expression, labels) for expression in selector.get("matchExpressions", []))
 
 
-def _is_label_selector(selector: Mapping[str, Any]) -> bool:
-    return bool({"matchLabels", "matchExpressions"} & selector.keys())
+def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, values = expression["key"], expression.get("values", [])
+    return {
+        "In": key in labels and labels[key] in values,
+        "NotIn": labels.get(key) not in values,
+        "Exists": key in labels,
+        "DoesNotExist": key not in labels,
+    }[expression["operator"]]
 
 
 def container_ports(workload: Resource) -> set[str]:
@@ -382,21 +379,24 @@ def _policy_errors(policy: Resource, resources: list[Resource]) -> list[str]:
 
 def router_errors(resources: list[Resource]) -> list[str]:
     """The router lists every engine pod, and its settings are valid and point at Redis."""
-    router = container(resources, "Deployment", "agentkv-router", "router")
+    pod = find(resources, "Deployment", "agentkv-router")["spec"]["template"]["spec"]
+    (router,) = [c for c in pod["containers"] if c["name"] == "router"]
     argv = [*router["command"][1:], *router["args"]]
     args = build_parser(argv).parse_args(argv)
     errors = []
     for role, listed in (("prefill", args.prefill), ("decode", args.decode)):
         pool = find(resources, "StatefulSet", f"agentkv-{role}")
         service = pool["spec"]["serviceName"]
-        port = container(resources, "StatefulSet", f"agentkv-{role}", "engine")["ports"][0]
-        pods = [f"{pool['metadata']['name']}-{i}" for i in range(pool["spec"]["replicas"])]
-        expected = [f"http://{pod}.{service}:{port['containerPort']}" for pod in pods]
+        ports = container(resources, "StatefulSet", f"agentkv-{role}", "engine")["ports"]
+        (port,) = [p["containerPort"] for p in ports if p["name"] == "http"]
+        names = [f"{pool['metadata']['name']}-{i}" for i in range(pool["spec"]["replicas"])]
+        expected = [f"http://{name}.{service}:{port}" for name in names]
         if listed != expected:
             errors.append(f"router lists {role} {listed}, the pool has {expected}")
+    mounted = _mounted_file(resources, pod, router, str(args.config))
     with tempfile.TemporaryDirectory() as directory:
         args.config = Path(directory) / "settings.json"
-        args.config.write_text(_mounted_file(resources, router, "/etc/agentkv/settings.json"))
+        args.config.write_text(mounted)
         settings = settings_from_args(args, prefill_urls=args.prefill, decode_urls=args.decode)
     if settings.port != router["ports"][0]["containerPort"] or settings.host != "0.0.0.0":
         errors.append(f"router listens on {settings.host}:{settings.port}, not its container port")
@@ -406,8 +406,10 @@ def router_errors(resources: list[Resource]) -> list[str]:
     return errors
 
 
-def _mounted_file(resources: list[Resource], pod_container: Resource, path: str) -> str:
-    pod = find(resources, "Deployment", "agentkv-router")["spec"]["template"]["spec"]
+def _mounted_file(
+    resources: list[Resource], pod: Resource, pod_container: Resource, path: str
+) -> str:
+    """The content of the ConfigMap key that ``pod_container`` sees at ``path``."""
     (mount,) = [m for m in pod_container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     data = find(resources, "ConfigMap", volume["configMap"]["name"])["data"]
