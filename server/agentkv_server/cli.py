@@ -10,10 +10,26 @@ from collections.abc import Sequence
 
 # subcommand -> (module providing `configure(parser)` and `run(args) -> int`, extra it needs, help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "serve": ("agentkv_server.bundle.cli", "server,cpu", "start router + prefill + decode engines locally"),
-    "router": ("agentkv_server.router.cli", "server", "run the session-aware router in front of engines"),
-    "bench": ("agentkv_server.bench.cli", "server,bench", "measure multi-turn agent workloads per serving mode"),
-    "build-model": ("agentkv_server.bundle.model_cli", "cpu", "build the local random-weight test model"),
+    "serve": (
+        "agentkv_server.bundle.cli",
+        "server,cpu",
+        "start router + prefill + decode engines locally",
+    ),
+    "router": (
+        "agentkv_server.router.cli",
+        "server",
+        "run the session-aware router in front of engines",
+    ),
+    "bench": (
+        "agentkv_server.bench.cli",
+        "server,bench",
+        "measure multi-turn agent workloads per serving mode",
+    ),
+    "build-model": (
+        "agentkv_server.bundle.model_cli",
+        "cpu",
+        "build the local random-weight test model",
+    ),
 }
 
 

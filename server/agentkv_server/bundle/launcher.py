@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentkv_server.bundle.model import TOOL_CALL_PARSER, built_dtype
-from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free
+from agentkv_server.bundle.ports import ensure_ports_free
+from agentkv_server.bundle.process import ManagedProcess
 
 __all__ = [
     "AGENTKV_CONNECTOR",
@@ -61,6 +62,15 @@ class ConnectorSpec:
 
 AGENTKV_CONNECTOR = ConnectorSpec("AgentKVConnector", "agentkv_server.connector")
 NIXL_CONNECTOR = ConnectorSpec("NixlConnector")
+
+# Log lines after which an engine never becomes healthy, although its API server process may
+# linger for minutes: the engine core died, or its NIXL side channel's listener thread did
+# (the engine then waits for that listener forever).
+ENGINE_FATAL_MARKERS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "Exception in thread nixl_handshake_listener",
+)
 
 # On a CPU: no UCX worker threads beyond NIXL's one progress thread (the default is 4 per
 # engine); each competes with forward passes for the machine's few cores (docs/engines.md).
@@ -163,6 +173,7 @@ class EngineProcess(ManagedProcess):
             health_url=spec.url + "/health",
             log_path=spec.log_path,
             env=spec.environment(),
+            fatal_markers=ENGINE_FATAL_MARKERS,
         )
         self.spec = spec
 
