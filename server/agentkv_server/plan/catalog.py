@@ -214,8 +214,9 @@ ITL_SLO = Slo(
 
 _SEED_SOURCE = Source(
     "measurement",
-    "AWS, vLLM bidirectional KV transfer on 1P1D H200 nodes over EFA "
-    "(https://github.com/vllm-project/vllm/pull/32553), follow-up TTFT recomputed vs pulled",
+    "AWS, vLLM bidirectional KV transfer on 1P1D H200 nodes over EFA, follow-up TTFT "
+    "recomputed vs pulled, as agentkv issue 15 quotes it (the feature: "
+    "https://github.com/vllm-project/vllm/pull/32553)",
 )
 
 SEED_CASES: tuple[SeedCase, ...] = (
