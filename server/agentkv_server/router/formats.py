@@ -119,20 +119,20 @@ class _ResponsesStreamEditor:
         events, separator, self._pending = (self._pending + chunk).rpartition(b"\n\n")
         if not separator:  # no event complete yet: all of it is pending
             return b"", None
-        passed: list[bytes] = []
-        for event in (events + separator).split(b"\n\n")[:-1]:
+        whole = [event + separator for event in events.split(separator)]
+        for index, event in enumerate(whole):
             if _event_name(event) in _RESPONSES_FINAL_EVENTS:
-                final = self._edit_final(event) + b"\n\n"
-                return b"".join(passed), final + self._pending
-            passed.append(event + b"\n\n")
-        return b"".join(passed), None
+                final = [self._edit_final(event), *whole[index + 1 :], self._pending]
+                self._pending = b""
+                return b"".join(whole[:index]), b"".join(final)
+        return b"".join(whole), None
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
         return rest
 
     def _edit_final(self, event: bytes) -> bytes:
-        lines = event.split(b"\n")
+        lines = event.removesuffix(b"\n\n").split(b"\n")
         for index, line in enumerate(lines):
             if not line.startswith(b"data:"):
                 continue
@@ -147,7 +147,7 @@ class _ResponsesStreamEditor:
             if isinstance(params, dict):
                 self.kv_transfer_params = params
             lines[index] = b"data: " + json.dumps(data, separators=(",", ":")).encode()
-        return b"\n".join(lines)
+        return b"\n".join(lines) + b"\n\n"
 
 
 def _event_name(event: bytes) -> bytes | None:

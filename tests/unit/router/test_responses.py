@@ -176,3 +176,17 @@ async def test_an_engines_own_refusal_comes_back_as_it_wrote_it(make_router):
 
     assert response.status_code == 400
     assert "max_output_tokens" in response.json()["error"]["message"]
+
+
+def test_events_after_the_completed_event_in_one_chunk_follow_it_once():
+    editor = wire_format("responses").stream_editor()
+    completed = {"type": "response.completed", "response": {"kv_transfer_params": {"a": 1}}}
+    trailer = b"event: response.done\ndata: {}\n\n"
+    chunk = b"event: response.completed\ndata: " + json.dumps(completed).encode() + b"\n\n"
+
+    head, final = editor.feed(chunk + trailer + b"event: part")
+
+    assert head == b""
+    assert final is not None and final.endswith(trailer + b"event: part")
+    assert editor.flush() == b""
+    assert editor.kv_transfer_params == {"a": 1}
