@@ -23,12 +23,14 @@ PULLED = "vllm:external_prefix_cache_hits_total"
 # More than P's kv_recompute_threshold (64 tokens) beyond the prompt P cached itself on the
 # turn before: below it, P recomputes instead of pulling (test_router_session.py).
 OUTPUT = 100
+# Common words, about one token each: random sequences of them are texts no other test sends.
+VOCABULARY = "apple river stone cloud light table green music paper water north house".split()
 
 
 def words(seed: str, n: int) -> str:
     """Text no other test sends: a prefix another test left in P's cache would be a local hit."""
     rng = random.Random(f"{__name__}:{seed}")
-    return " ".join(f"w{rng.randrange(100_000)}" for _ in range(n))
+    return " ".join(rng.choice(VOCABULARY) for _ in range(n))
 
 
 def test_responses_turns_in_a_session_reuse_the_held_kv(stack: Stack, probe: KVProbe) -> None:
