@@ -13,7 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("agentkv_server.bundle.cli", "server,cpu", "start router + prefill + decode engines locally"),
     "router": ("agentkv_server.router.cli", "server", "run the session-aware router in front of engines"),
     "bench": ("agentkv_server.bench.cli", "server,bench", "measure multi-turn agent workloads per serving mode"),
-    "build-model": ("agentkv_server.bundle.model_cli", "cpu", "build the local random-weight test model"),
+    "build-model": ("agentkv_server.bundle.model_cli", "cpu", "prepare a model (the real default, or a test model) in the cache"),
 }
 
 

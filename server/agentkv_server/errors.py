@@ -3,14 +3,15 @@
     AgentKVError                 (agentkv, the SDK's root: one hierarchy for the project)
      └── AgentKVServerError
           ├── ConfigError        bad settings or command-line options
-          └── EngineError        an engine could not be started, reached or used
+          ├── EngineError        an engine could not be started, reached or used
+          └── ModelError         a model could not be found, prepared or verified
 """
 
 from __future__ import annotations
 
 from agentkv import AgentKVError
 
-__all__ = ["AgentKVServerError", "ConfigError", "EngineError"]
+__all__ = ["AgentKVServerError", "ConfigError", "EngineError", "ModelError"]
 
 
 class AgentKVServerError(AgentKVError):
@@ -23,3 +24,7 @@ class ConfigError(AgentKVServerError):
 
 class EngineError(AgentKVServerError):
     """An engine failed to start, answer or serve."""
+
+
+class ModelError(AgentKVServerError):
+    """A model's package is missing, or its weights failed to convert or verify."""
