@@ -22,6 +22,7 @@ Without ``--base-url`` it starts one engine of ``--model`` (default: the real de
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -37,9 +38,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from _common import CAPITALS, FILES, SCHEMAS, SYSTEM, TOOL_SPECS  # noqa: E402
+from _common import CAPITALS, FILES, SCHEMAS, SYSTEM, TOOL_SPECS
 
-from agentkv_server.bundle.stack import Stack, StackConfig  # noqa: E402
+from agentkv_server.bundle.stack import Stack, StackConfig
 
 PLAIN_SYSTEM = "You are a helpful assistant with tools."
 PRICES = {"bread": 3, "milk": 2, "cheese": 7}
@@ -133,7 +134,7 @@ def judge(step: Step, reply: Any) -> Counter[str]:
 
 
 def ask(
-    client: openai.OpenAI, model: str, step: Step, choice: str, tools: list[dict[str, Any]]
+    client: openai.OpenAI, model: str, step: Step, *, choice: str, tools: list[dict[str, Any]]
 ) -> Counter[str]:
     tool_choice: Any = (
         {"type": "function", "function": {"name": step.tool}} if choice == "named" else choice
@@ -161,7 +162,8 @@ def measure(base_url: str, model: str | None, count: int) -> None:
     ):
         cases = [s for v in variants(count) for s in steps(system, *v)]
         with ThreadPoolExecutor(4) as pool:
-            outcomes = list(pool.map(lambda s: ask(client, model, s, choice, tools), cases))
+            one = functools.partial(ask, client, model, choice=choice, tools=tools)
+            outcomes = list(pool.map(one, cases))
         total = sum(outcomes, Counter())
         by_step = " ".join(
             f"{tool} {sum(o['right'] for s, o in zip(cases, outcomes) if s.tool == tool)}"
