@@ -64,7 +64,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {SMOLLM2.name: SMOLLM2}
 def ensure_packaged_model(
     model: PackagedModel = SMOLLM2, *, dtype: Dtype = "float32", root: Path | None = None
 ) -> Path:
-    """The converted model directory, converting it first (about a minute) if not cached."""
+    """The converted model directory, converting it first (minutes) if not cached."""
     target = (root or cache_dir()) / f"{model.name}-{dtype}-v{CONVERTER_VERSION}"
     return build_atomically(target, lambda staging: _prepare(model, staging, dtype))
 
@@ -93,7 +93,7 @@ def gguf_file(model: PackagedModel) -> Path:
 def _prepare(model: PackagedModel, out: Path, dtype: Dtype) -> None:
     started = time.monotonic()
     source = gguf_file(model)
-    _progress(f"preparing model {model.name} ({dtype}) once, from {source.name}: about a minute")
+    _progress(f"preparing model {model.name} ({dtype}) once from {source.name}: a few minutes")
     _progress("checking the sha256 of the GGUF file")
     _verify_checksum(source, model.sha256)
     _progress("dequantizing the GGUF weights (transformers) and writing safetensors")
