@@ -10,10 +10,31 @@ from collections.abc import Sequence
 
 # subcommand -> (module providing `configure(parser)` and `run(args) -> int`, extra it needs, help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "serve": ("agentkv_server.bundle.cli", "server,cpu", "start router + prefill + decode engines locally"),
-    "router": ("agentkv_server.router.cli", "server", "run the session-aware router in front of engines"),
-    "bench": ("agentkv_server.bench.cli", "server,bench", "measure multi-turn agent workloads per serving mode"),
-    "build-model": ("agentkv_server.bundle.model_cli", "cpu", "prepare a model (the real default, or a test model) in the cache"),
+    "serve": (
+        "agentkv_server.bundle.cli",
+        "server,cpu",
+        "start router + prefill + decode engines locally",
+    ),
+    "router": (
+        "agentkv_server.router.cli",
+        "server",
+        "run the session-aware router in front of engines",
+    ),
+    "bench": (
+        "agentkv_server.bench.cli",
+        "server,bench",
+        "measure multi-turn agent workloads per serving mode",
+    ),
+    "plan": (
+        "agentkv_server.plan.cli",
+        "bench",
+        "predict follow-up TTFT on GPU nodes (a model, not a measurement)",
+    ),
+    "build-model": (
+        "agentkv_server.bundle.model_cli",
+        "cpu",
+        "prepare a model (the real default, or a test model) in the cache",
+    ),
 }
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from agentkv_server.bundle.launcher import EngineProcess
+from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.probe import EngineClient, KVProbe
-from agentkv_server.bundle.process import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 REQUEST_TIMEOUT_S = 120.0

@@ -21,7 +21,7 @@ from pathlib import Path
 from agentkv_server.bench.modes import Deployment
 from agentkv_server.bundle.launcher import EngineProcess, EngineSpec, Role
 from agentkv_server.bundle.model import resolve_model
-from agentkv_server.bundle.process import free_ports
+from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.stack import ROUTER_URL_ENV, SECRET_ENV, core_layout
 
 __all__ = ["ENGINE_ARGS", "local_engines"]

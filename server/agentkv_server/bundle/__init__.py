@@ -20,7 +20,8 @@ from agentkv_server.bundle.model import (
     ensure_model,
     resolve_model,
 )
-from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports, log_tail
+from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
+from agentkv_server.bundle.process import ManagedProcess, log_tail
 from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 
 __all__ = [
@@ -45,5 +46,6 @@ __all__ = [
     "ensure_ports_free",
     "free_ports",
     "log_tail",
+    "port_pool",
     "resolve_model",
 ]

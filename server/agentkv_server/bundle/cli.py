@@ -55,6 +55,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--log-dir", type=Path, default=Path(".agentkv/logs"), help="(default .agentkv/logs)"
     )
     engines.add_argument(
+        "--port-base", type=int, metavar="PORT",
+        help="engines take ports from PORT on, which must lie outside the kernel's ephemeral "
+        "range (default: $AGENTKV_PORT_BASE or 20000)",
+    )  # fmt: skip
+    engines.add_argument(
         "--start-timeout", type=float, default=600.0, metavar="S",
         help="seconds each engine may take to become healthy (600)",
     )  # fmt: skip
@@ -74,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
+    if note := stack.config.shared_cores_note():
+        print(f"agentkv serve: note: {note}")
     print(f"agentkv serve: starting {args.prefill} prefill + {args.decode} decode engines ...")
     try:
         stack.start(timeout=args.start_timeout)
@@ -109,6 +116,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         router_settings=router_settings,
         secret=settings.secret.get_secret_value(),
         api_keys=tuple(key.get_secret_value() for key in settings.api_keys),
+        port_base=args.port_base,
     )
 
 

@@ -4,6 +4,10 @@ until its health URL answers, and stopped with everything it forked.
 vLLM forks an EngineCore and a worker process per engine; signalling only the process we
 started would orphan them. Each managed process therefore leads a new session (its own
 process group), and stopping it signals the whole group.
+
+A start that cannot succeed fails within a poll interval, not at the start timeout: when the
+process exits, or when its log shows a fatal error (a port clash, an engine core that failed
+to initialise) although the process lingers on (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,11 +24,15 @@ from pathlib import Path
 
 from typing_extensions import Self
 
-from agentkv_server.errors import EngineError
+from agentkv_server.errors import EngineError, PortInUseError
 
-__all__ = ["ManagedProcess", "ensure_ports_free", "free_ports", "log_tail"]
+__all__ = ["PORT_CLASH_MARKERS", "ManagedProcess", "log_tail"]
 
 _POLL_S = 0.5
+# What a server logs when a port it binds is taken: Python's EADDRINUSE (uvicorn's included),
+# and ZMQ's (vLLM's NIXL side channel). Not vLLM's "Address already in use. Retrying": that
+# one it handles itself.
+PORT_CLASH_MARKERS = ("[Errno 98]", "ZMQError: Address already in use")
 
 
 class ManagedProcess:
@@ -39,12 +46,15 @@ class ManagedProcess:
         health_url: str,
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        fatal_markers: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.command = list(command)
         self.health_url = health_url
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
+        # Log lines that mean the start failed, even while the process lives on.
+        self.fatal_markers = (*PORT_CLASH_MARKERS, *fatal_markers)
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False  # once stopped, never signal the group id again: it may be reused
 
@@ -71,11 +81,18 @@ class ManagedProcess:
 
     def wait_healthy(self, timeout: float = 300.0) -> None:
         """Block until the health URL answers 200; raise EngineError (with the log's tail) if
-        the process exits or ``timeout`` seconds pass first."""
+        the process exits, logs a fatal marker, or ``timeout`` seconds pass first.
+
+        A port clash raises PortInUseError, which a caller may answer with other ports.
+        """
         deadline = time.monotonic() + timeout
+        log = _LogWatch(self.log_path)
         while time.monotonic() < deadline:
+            marker = log.first_new(self.fatal_markers)
             if not self.is_running():
-                raise self.failure("exited during start-up")
+                raise self.failure("exited during start-up", port_clash=log.saw_port_clash)
+            if marker is not None:
+                raise self.failure(f"logged {marker!r} during start-up", log.saw_port_clash)
             if _answers(self.health_url):
                 return
             time.sleep(_POLL_S)
@@ -103,39 +120,17 @@ class ManagedProcess:
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
 
-    def failure(self, what: str) -> EngineError:
-        """An EngineError that says what happened and ends with the tail of the log."""
-        return EngineError(
-            f"{self.name} {what}; log {self.log_path}, last lines:\n{self.log_tail()}"
-        )
+    def failure(self, what: str, port_clash: bool = False) -> EngineError:
+        """An EngineError (PortInUseError for a port clash) that says what happened and ends
+        with the tail of the log."""
+        error = PortInUseError if port_clash else EngineError
+        return error(f"{self.name} {what}; log {self.log_path}, last lines:\n{self.log_tail()}")
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def ensure_ports_free(host: str, ports: Sequence[int]) -> None:
-    """Raise EngineError naming the first port on ``host`` that is already taken, before a
-    server spends half a minute starting only to fail to bind."""
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                raise EngineError(
-                    f"port {port} on {host} is already in use ({exc.strerror})"
-                ) from None
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that nothing listens on now (all held open while choosing)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -148,6 +143,31 @@ def log_tail(path: Path, lines: int = 40) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+class _LogWatch:
+    """Reads what a log file gained since the last look, for markers of a failed start."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._carry = ""  # a line's start, held back until the line is complete
+        self.saw_port_clash = False
+
+    def first_new(self, markers: Sequence[str]) -> str | None:
+        """The first of ``markers`` found in lines written since the last call, if any."""
+        try:
+            with open(self._path, "rb") as log:
+                log.seek(self._offset)
+                chunk = log.read()
+        except FileNotFoundError:
+            return None
+        self._offset += len(chunk)
+        text = self._carry + chunk.decode(errors="replace")
+        complete, _, self._carry = text.rpartition("\n")
+        found = next((marker for marker in markers if marker in complete), None)
+        self.saw_port_clash |= any(marker in complete for marker in PORT_CLASH_MARKERS)
+        return found
 
 
 def _answers(url: str) -> bool:

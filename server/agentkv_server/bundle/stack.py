@@ -8,7 +8,9 @@ way round, and every process is stopped with its whole process group.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import secrets
 import sys
@@ -28,11 +30,18 @@ from agentkv_server.bundle.launcher import (
     Role,
 )
 from agentkv_server.bundle.model import Dtype, is_test_model, resolve_model, tool_call_logit_bias
-from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports
-from agentkv_server.errors import ConfigError
+from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
+from agentkv_server.bundle.process import ManagedProcess
+from agentkv_server.errors import ConfigError, PortInUseError
 from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
 
 __all__ = ["Stack", "StackConfig", "core_layout"]
+
+logger = logging.getLogger(__name__)
+
+# Starts per engine when its ports turn out to be taken (another program bound one between
+# our check and the engine's bind): each retry takes other ports.
+PORT_ATTEMPTS = 3
 
 ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
 # What the examples read (examples/_common.py): where to send requests, and for a random-weight
@@ -44,7 +53,8 @@ CLIENT_LOGIT_BIAS_ENV = "AGENTKV_TOOL_LOGIT_BIAS"
 
 @dataclass(frozen=True)
 class StackConfig:
-    """What to start. ``port`` is the router's (0: any free port); engines take free ports."""
+    """What to start. ``port`` is the router's (0: any free port); engines take free ports
+    from ``port_base`` on (None: ``$AGENTKV_PORT_BASE`` or 20000; never the ephemeral range)."""
 
     model: str | None = None  # a model name or directory; None: the default (smollm2)
     dtype: Dtype = "float32"
@@ -62,10 +72,26 @@ class StackConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # clients' keys, for the router
     cpu_cores: tuple[int, ...] | None = None  # None: the cores this process may run on
     kv_cache_gib: int = 1
+    port_base: int | None = None
 
     def __post_init__(self) -> None:
         if self.decode < 1 or self.prefill < 0:
             raise ConfigError("a stack needs at least one decode engine and no negative counts")
+        port_pool(self.port_base)  # a base inside the ephemeral range fails here, not later
+
+    @property
+    def available_cores(self) -> tuple[int, ...]:
+        return self.cpu_cores or tuple(sorted(os.sched_getaffinity(0)))
+
+    def shared_cores_note(self) -> str | None:
+        """Why engines on a CPU will share cores, when they must (more engines than cores)."""
+        engines, cores = self.prefill + self.decode, len(self.available_cores)
+        if self.device != "cpu" or engines <= cores:
+            return None
+        return (
+            f"{engines} engines share {cores} CPU cores: an engine computing a turn slows the "
+            "engines on its core (idle engines use almost no CPU; docs/faults.md)"
+        )
 
 
 class Stack:
@@ -112,9 +138,9 @@ class Stack:
         self.engines = [EngineProcess(spec) for spec in self.plan()]
         try:
             for engine in self.engines:
-                engine.start()
-            for engine in self.engines:
-                engine.wait_healthy(timeout)
+                _start_unless_ports_taken(engine)
+            for i, engine in enumerate(self.engines):
+                self.engines[i] = self._healthy_engine(engine, timeout)
             if config.router:
                 self.router = self._router_process()
                 self.router.start()
@@ -123,6 +149,26 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def _healthy_engine(self, engine: EngineProcess, timeout: float) -> EngineProcess:
+        """Wait for ``engine``; on a port clash start it again on other ports, a few times."""
+        attempt = 1
+        while True:
+            try:
+                if engine.pid is None:  # its first start found a port taken
+                    engine.start()
+                engine.wait_healthy(timeout)
+                return engine
+            except PortInUseError as clash:
+                engine.stop()
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                attempt += 1
+                logger.warning("%s; starting it again on other ports", str(clash).splitlines()[0])
+                port, side_channel_port = self._free_ports(2)
+                engine = EngineProcess(
+                    dataclasses.replace(engine.spec, port=port, side_channel_port=side_channel_port)
+                )
 
     def exited(self) -> list[ManagedProcess]:
         """Processes of a started stack that are no longer running."""
@@ -145,13 +191,14 @@ class Stack:
         model_dir, self.served_name = resolve_model(config.model, dtype=config.dtype)
         self.model_dir = model_dir
         if config.router:
-            self._router_port = config.port or free_ports(1, config.host)[0]
+            self._router_port = config.port or self._free_ports(1)[0]
             ensure_ports_free(config.host, [self._router_port])
         roles: list[Role] = ["prefill"] * config.prefill + ["decode"] * config.decode
-        ports = free_ports(2 * len(roles), config.host)
-        available = config.cpu_cores or tuple(sorted(os.sched_getaffinity(0)))
+        ports = self._free_ports(2 * len(roles))
         cores = (
-            core_layout(len(roles), available) if config.device == "cpu" else [None] * len(roles)
+            core_layout(len(roles), config.available_cores)
+            if config.device == "cpu"
+            else [None] * len(roles)
         )
         report_to = {
             ROUTER_URL_ENV: f"http://{config.host}:{self._router_port}",
@@ -175,6 +222,9 @@ class Stack:
             )
             for i, role in enumerate(roles)
         ]
+
+    def _free_ports(self, count: int) -> list[int]:
+        return free_ports(count, self.config.host, pool=port_pool(self.config.port_base))
 
     def _router_process(self) -> ManagedProcess:
         config = self.config
@@ -204,6 +254,14 @@ class Stack:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _start_unless_ports_taken(engine: EngineProcess) -> None:
+    """Start ``engine``; a port taken before it starts is left to ``_healthy_engine``."""
+    try:
+        engine.start()
+    except PortInUseError as clash:
+        logger.warning("%s", clash)
 
 
 def _api_keys_env(keys: Sequence[str]) -> dict[str, str]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from agentkv_server.bundle.process import ManagedProcess, ensure_ports_free, free_ports, log_tail
-from agentkv_server.errors import EngineError
+from agentkv_server.bundle.ports import free_ports
+from agentkv_server.bundle.process import ManagedProcess, log_tail
+from agentkv_server.errors import EngineError, PortInUseError
 
 # Serves /health on the port in argv[1], after starting a grandchild that would outlive it.
 SERVER = """
@@ -28,14 +28,27 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
 
-def server(tmp_path: Path, script: str = SERVER) -> ManagedProcess:
+def server(
+    tmp_path: Path, script: str = SERVER, fatal_markers: tuple[str, ...] = ()
+) -> ManagedProcess:
     port = free_ports(1)[0]
     return ManagedProcess(
         "stand-in",
         [sys.executable, "-c", script, str(port)],
         health_url=f"http://127.0.0.1:{port}/health",
         log_path=tmp_path / "logs" / "stand-in.log",
+        fatal_markers=fatal_markers,
     )
+
+
+# Logs a fatal line, then lingers without serving, as an engine whose core died does.
+LINGERS_AFTER = """
+import sys, time
+print("starting", flush=True)
+time.sleep(0.5)
+print(sys.argv[2], flush=True)
+time.sleep(60)
+"""
 
 
 def group_alive(pgid: int) -> bool:
@@ -89,6 +102,38 @@ def test_a_process_that_never_gets_healthy_times_out_and_says_so(tmp_path: Path)
         process.stop(timeout=5)
 
 
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("OSError: [Errno 98] Address already in use", PortInUseError),
+        ("RuntimeError: Engine core initialization failed. See root cause above.", EngineError),
+    ],
+)
+def test_a_fatal_log_line_fails_the_start_at_once_although_the_process_lingers(
+    tmp_path: Path, line: str, error: type[EngineError]
+) -> None:
+    process = server(tmp_path, LINGERS_AFTER, fatal_markers=("Engine core initialization failed",))
+    process.command.append(line)
+    process.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(error, match="during start-up") as failure:
+            process.wait_healthy(timeout=60)
+    finally:
+        process.stop(timeout=5)
+    assert time.monotonic() - started < 10, "the fatal line was noticed late"
+    assert line in str(failure.value)
+    assert failure.type is error
+
+
+def test_a_process_that_exits_after_a_port_clash_raises_port_in_use(tmp_path: Path) -> None:
+    script = "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"
+    process = server(tmp_path, script)
+    process.start()
+    with pytest.raises(PortInUseError, match="exited during start-up"):
+        process.wait_healthy(timeout=30)
+
+
 def test_starting_twice_is_an_error(tmp_path: Path) -> None:
     process = server(tmp_path)
     process.start()
@@ -101,21 +146,6 @@ def test_starting_twice_is_an_error(tmp_path: Path) -> None:
 
 def test_stop_before_start_does_nothing(tmp_path: Path) -> None:
     server(tmp_path).stop()
-
-
-def test_busy_port_is_reported_up_front() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(EngineError, match=f"port {port} on 127.0.0.1 is already in use"):
-            ensure_ports_free("127.0.0.1", [port])
-
-
-def test_free_ports_are_distinct_and_free() -> None:
-    ports = free_ports(6)
-    assert len(set(ports)) == 6
-    ensure_ports_free("127.0.0.1", ports)
 
 
 def test_log_tail_keeps_the_last_lines(tmp_path: Path) -> None:

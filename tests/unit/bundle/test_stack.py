@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from agentkv_server.bundle.launcher import EngineSpec
 from agentkv_server.bundle.model import tool_call_logit_bias
 from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 from agentkv_server.errors import ConfigError
@@ -81,3 +84,38 @@ def test_client_environment_of_any_other_model_has_no_logit_bias(tmp_path: Path)
     stack = Stack(StackConfig(model=str(tmp_path), port=8123))
     stack.plan()
     assert "AGENTKV_TOOL_LOGIT_BIAS" not in stack.client_environment()
+
+
+# Stands in for an engine: the first start reports a port clash and lingers (as a vLLM engine
+# whose NIXL side channel failed to bind does); later starts serve /health on their port.
+CLASHES_ONCE = """
+import http.server, pathlib, sys, time
+port, first = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+if not first.exists():
+    first.write_text(str(port))
+    print("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')", flush=True)
+    time.sleep(60)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_an_engine_whose_port_was_taken_starts_again_on_other_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "first-port"
+    monkeypatch.setattr(
+        EngineSpec,
+        "command",
+        lambda spec: [sys.executable, "-c", CLASHES_ONCE, str(spec.port), str(marker)],
+    )
+    stack = Stack(StackConfig(model=str(tmp_path), prefill=0, router=False, log_dir=tmp_path))
+    started = time.monotonic()
+    with stack:
+        assert time.monotonic() - started < 30
+        (engine,) = stack.engines
+        assert engine.is_running()
+        assert engine.spec.port != int(marker.read_text())
