@@ -33,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "build-model": (
         "agentkv_server.bundle.model_cli",
         "cpu",
-        "build the local random-weight test model",
+        "prepare a model (the real default, or a test model) in the cache",
     ),
 }
 

@@ -94,8 +94,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--model",
-        help="local stack: model preset or directory; "
-        "external engines: served model name (default: asked from the engine)",
+        help="local stack: a model name (default: the preset's, smollm2 for cpu, the tiny "
+        "random-weight test model for quick) or directory; external engines: served model name "
+        "(default: asked from the engine)",
     )
     where.add_argument("--prefill-url", action="append", default=[], metavar="URL")
     where.add_argument("--decode-url", action="append", default=[], metavar="URL")

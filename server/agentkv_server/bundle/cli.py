@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_server.bundle.launcher import detect_device
-from agentkv_server.bundle.model import DEFAULT_PRESET, PRESETS
+from agentkv_server.bundle.model import DEFAULT_MODEL, PRESETS
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.errors import AgentKVServerError
 from agentkv_server.router.cli import add_arguments as add_router_arguments
@@ -34,12 +34,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_argument_group("engines")
     engines.add_argument(
         "--model",
-        help=f"a preset ({', '.join(PRESETS)}) or a model directory (default: {DEFAULT_PRESET}, "
-        "built on first use)",
+        help=f"a model directory, or {DEFAULT_MODEL} (the default: SmolLM2-135M-Instruct, "
+        f"converted on first use) or a random-weight test model ({', '.join(PRESETS)})",
     )
     engines.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-        help="weights of a preset model (default float32)",
+        help="weights of a named model (default float32)",
     )  # fmt: skip
     engines.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill engines (1)")
     engines.add_argument("--decode", type=int, default=1, metavar="N", help="decode engines (1)")
