@@ -154,8 +154,8 @@ async def _health_status(http: aiohttp.ClientSession, url: str) -> int:
 
 def _router_argv(port: int, secret: str, prefill: list[str], decode: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "agentkv_server.cli", "router", "--port", str(port)]
-    argv += ["--secret", secret, "--decode", *decode, "--log-level", "warning"]
-    return argv + (["--prefill", *prefill] if prefill else [])
+    argv += ["--secret", secret, "--decode-url", *decode, "--log-level", "warning"]
+    return argv + (["--prefill-url", *prefill] if prefill else [])
 
 
 async def _levels(url: str, target: str, args: argparse.Namespace, **kw) -> list[LevelResult]:
