@@ -45,6 +45,7 @@ OWNERS: dict[str, tuple[tuple[str, ...], ...]] = {
     "examples/llamaindex_agent.py": (("llamaindex",),),
     "examples/openai_agents_agent.py": (("agents",),),
     "examples": ((),),
+    "scripts/lock.py": (("dev",),),
     "scripts": (("server", "cpu", "bench"),),
     "tests": (("server", "cpu", "bench", "langchain", "llamaindex", "agents", "dev"),),
 }
