@@ -201,13 +201,21 @@ def run(args: argparse.Namespace) -> int:
             "(docs/security.md)",
             settings.host,
         )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        access_log=False,
-    )
+    try:
+        uvicorn.run(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level,
+            access_log=False,
+        )
+    except SystemExit as exc:  # uvicorn's own status for a failed start (3: cannot bind)
+        if exc.code:
+            print(
+                f"agentkv router: could not serve on {settings.host}:{settings.port}",
+                file=sys.stderr,
+            )
+            return 1
     return 0
 
 

@@ -209,3 +209,15 @@ def test_router_log_lines_carry_their_level():
     )
     (line,) = [line for line in done.stderr.splitlines() if "no --secret" in line]
     assert " WARNING agentkv_server.router.cli: " in line
+
+
+def test_a_port_in_use_is_a_runtime_failure(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["router", "--decode-url", "http://127.0.0.1:9", "--port", str(port)]
+        assert main([*argv, "--secret", "s", "--log-level", "error"]) == 1
+    assert f"could not serve on 127.0.0.1:{port}" in capsys.readouterr().err
