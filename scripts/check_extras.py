@@ -32,7 +32,7 @@ CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 CHECKS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "base": ((), ("agentkv",)),
     "server": (("server",), ("agentkv_server.router", "agentkv_server.settings")),
-    "bench": (("server", "bench"), ("agentkv_server.bench",)),
+    "bench": (("server", "bench"), ("agentkv_server.bench", "agentkv_server.plan")),
     "langchain": (("langchain",), ("agentkv_langchain",)),
     "llamaindex": (("llamaindex",), ("agentkv_llamaindex",)),
     "agents": (("agents",), ("agentkv_openai_agents",)),

@@ -36,6 +36,7 @@ OWNERS: dict[str, tuple[tuple[str, ...], ...]] = {
     "server/agentkv_server/connector": (("cpu",), ("gpu",)),
     "server/agentkv_server/bundle": (("server", "cpu"), ("server", "gpu")),
     "server/agentkv_server/bench": (("server", "bench"),),
+    "server/agentkv_server/plan": (("bench",),),
     "server/agentkv_server/testing": (("server", "dev"),),
     "server/agentkv_server": (("server",),),
     "integrations/agentkv_langchain": (("langchain",),),
