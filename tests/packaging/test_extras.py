@@ -1,8 +1,10 @@
 """``pip install 'agentkv[EXTRA]'`` into a clean venv, then importing the extra's modules, works.
 
-Runs scripts/check_extras.py for the light extras, one venv each (network, ~1 min each on a
-quiet machine). The engine extras are left out: ``cpu`` is what scripts/install itself installs
-and import-checks before every CI run, and ``gpu`` needs several GB of CUDA wheels.
+Runs scripts/check_extras.py for the light extras, one venv each. Opt-in (``pytest
+tests/packaging -m extras``): each install fetches its packages anew, minutes each on the shared
+development machines, more than the default run can afford. The engine extras are left out:
+``cpu`` is what scripts/install itself installs and import-checks before every CI run, and
+``gpu`` needs several GB of CUDA wheels.
 """
 
 from __future__ import annotations
