@@ -33,7 +33,6 @@ from pydantic_settings.exceptions import SettingsError
 from agentkv_server.errors import ConfigError
 
 __all__ = [
-    "ENV_PREFIX",
     "CostModelSettings",
     "PolicyName",
     "RetentionSettings",
