@@ -34,6 +34,7 @@ from agentkv_server.errors import ConfigError
 
 __all__ = [
     "CostModelSettings",
+    "FaultSettings",
     "PolicyName",
     "RetentionSettings",
     "Settings",
@@ -78,6 +79,36 @@ class Timeouts(_Frozen):
         ge=0,
         description="how long a streamed turn's end ([DONE]) waits for the decode engine's "
         "holding report, so that the client's next turn finds the holding",
+    )
+
+
+class FaultSettings(_Frozen):
+    """How fast the router notices a dead or hung engine (docs/faults.md).
+
+    Before a pull is planned, the holder must have answered within ``liveness_cache_s`` or
+    answer ``GET /health`` within ``liveness_timeout_s``: a holder that cannot answer means a
+    recompute, never a pull P would wait on. While an engine step runs, the router reads the
+    engine's progress (``GET /metrics`` token counters) every ``progress_every_s``; the step is
+    hung when ``unanswered_probes`` reads in a row get no answer (a frozen or dead engine) or the
+    counters stay flat for ``stall_s`` (a blocked engine core). A hung step is aborted (its
+    connection closed, which aborts the request in vLLM), the engine is suspect (no new work
+    until a health probe passes) and the turn is served elsewhere.
+    """
+
+    liveness_timeout_s: float = Field(0.5, gt=0, description="a holder's GET /health before a pull")
+    liveness_cache_s: float = Field(
+        0.2, ge=0, description="an engine that answered this recently is not probed"
+    )
+    progress_every_s: float = Field(2.0, gt=0, description="progress reads while a step runs")
+    unanswered_probes: int = Field(
+        2, ge=1, description="progress reads in a row without answer that make a step hung"
+    )
+    stall_s: float = Field(
+        60.0,
+        gt=0,
+        description="token counters flat this long make a step stalled; longer than any one "
+        "legitimate prefill (vLLM counts a prompt's tokens only when it is done: a cold "
+        "prefill on a loaded 2-core machine showed flat counters for over 15 s)",
     )
 
 
@@ -150,6 +181,7 @@ class Settings(_Frozen):
         5.0, gt=0, description="after a session-store failure, recompute without it this long"
     )
     timeouts: Timeouts = Timeouts()
+    faults: FaultSettings = FaultSettings()
     retention: RetentionSettings = RetentionSettings()
     cost: CostModelSettings = CostModelSettings()
 

@@ -88,3 +88,14 @@ def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
 def doomed_prefill(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
     with extra_engine_like(stack.prefill[0], tmp_path / "doomed-prefill.log") as engine:
         yield engine
+
+
+@pytest.fixture(scope="module")
+def second_decode(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcess]:
+    """A second decode engine beside the stack's, so that routers of a module can run 1P2D; one
+    start serves the whole module (a start costs 30-90 s), so its last user may kill it."""
+    log_path = tmp_path_factory.mktemp("second-decode") / "second-decode.log"
+    with extra_engine_like(stack.decode[0], log_path) as engine:
+        yield engine

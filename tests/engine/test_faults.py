@@ -18,6 +18,7 @@ import random
 import signal
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ TURN_TIMEOUT_S = 180.0
 PULL_TIMEOUT_S = 15.0
 IN_FLIGHT_S = 2.0  # a pull from a dead holder stalls P's step until the router gives up
 PULLED = "vllm:external_prefix_cache_hits_total"
+HEALTH_INTERVAL_S = 2.0  # the 1P2D routers' health probes
+FREEZE_S = 60.0
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -136,44 +139,42 @@ def router_settings(
     prefill: list[str] | None = None,
     **options: Any,
 ) -> Settings:
+    defaults: dict[str, Any] = {
+        "health_interval_s": 3600.0,  # faults are found by the turns themselves
+        "timeouts": {"pull_s": PULL_TIMEOUT_S},
+        "policy": "always",  # as ALWAYS_PULL in conftest.py: the faults are in the KV path
+    }
     return Settings(
         prefill_urls=tuple(prefill or [engine.url for engine in stack.prefill]),
         decode_urls=tuple(decode or [engine.url for engine in stack.decode]),
-        health_interval_s=3600.0,  # faults are found by the turns themselves
-        timeouts={"pull_s": PULL_TIMEOUT_S},
-        policy="always",  # as ALWAYS_PULL in conftest.py: the faults are in the KV path
-        **options,
+        **(defaults | options),
     )
+
+
+def one_p_two_d(
+    stack: Stack, second_decode: EngineProcess, prefill: list[str] | None = None
+) -> Settings:
+    """A router over 1P2D whose health probes run (they bring a suspect engine back)."""
+    decode = [second_decode.url, stack.decode[0].url]
+    return router_settings(stack, decode, prefill, health_interval_s=HEALTH_INTERVAL_S)
+
+
+def fault_cost_bound(tally: Tally) -> float:
+    """What the turn after a fault may take: twice a cold turn (the session's first) plus one
+    health interval."""
+    return 2 * tally.seconds[0] + HEALTH_INTERVAL_S
+
+
+def assert_serving(*engines: EngineProcess) -> None:
+    """Engines no fault was aimed at still run and answer /health."""
+    for engine in engines:
+        assert engine.is_running(), f"{engine.url} exited"
+        with urllib.request.urlopen(engine.url + "/health", timeout=10) as response:
+            assert response.status == 200, f"{engine.url} is not healthy"
 
 
 def serve(settings: Settings, store: InMemoryStore | None = None):
     return serve_in_process(settings, store=store, timeout_s=TURN_TIMEOUT_S)
-
-
-async def test_prefill_engine_killed_mid_request(
-    stack: Stack, probe: KVProbe, doomed_prefill: EngineProcess, tally: Tally
-) -> None:
-    """P dies holding a turn's request. P is stopped (SIGSTOP) before the turn is sent and
-    killed while the router waits on it, so the kill lands mid-request however fast the
-    machine is. The router serves that turn decode-only, and the next one too (P is gone)."""
-    conversation = Conversation(probe, tally, seed=500)
-    settings = router_settings(stack, prefill=[doomed_prefill.url])
-    async with serve(settings) as (_, client):
-        await conversation.turn(client)
-        pid = doomed_prefill.pid
-        assert pid is not None
-        os.killpg(pid, signal.SIGSTOP)
-        in_flight = asyncio.create_task(conversation.turn(client))
-        await asyncio.sleep(IN_FLIGHT_S)  # the router has sent the turn to the stopped P
-        assert not in_flight.done()
-        doomed_prefill.kill()
-        await in_flight
-        await conversation.turn(client)
-        metrics = (await client.get("/metrics")).text
-
-    assert tally.all_good(3)
-    assert tally.paths[:2] == ["recompute", "fallback"]
-    assert 'agentkv_engine_errors_total{kind="connect",role="prefill"}' in metrics
 
 
 async def test_holding_freed_early_on_the_engine(
@@ -241,28 +242,107 @@ async def test_router_restarted_with_redis_resumes_reuse(
     assert all(pulled > 0 for pulled in tally.pulled[1:])
 
 
-# Last: the pull from the dead holder leaves a request parked on the stack's prefill engine for
-# good (upstream defers the transfer's failure), and that engine's loop then never idles.
-async def test_decode_holder_killed_between_turns(
-    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+# The cases below kill or freeze engines. They run last (conftest.py) and in this order: the
+# module's second decode engine is frozen, then killed.
+
+
+async def test_prefill_engine_killed_mid_request(
+    stack: Stack,
+    probe: KVProbe,
+    doomed_prefill: EngineProcess,
+    second_decode: EngineProcess,
+    tally: Tally,
 ) -> None:
-    doomed = doomed_decode
+    """P dies holding a turn's request. P is stopped (SIGSTOP) before the turn is sent and
+    killed while the router waits on it, so the kill lands mid-request however fast the
+    machine is. The router serves that turn decode-only, and the next one too (P is gone)."""
+    conversation = Conversation(probe, tally, seed=500)
+    settings = one_p_two_d(stack, second_decode, [doomed_prefill.url])
+    async with serve(settings) as (_, client):
+        await conversation.turn(client)
+        pid = doomed_prefill.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGSTOP)
+        in_flight = asyncio.create_task(conversation.turn(client))
+        await asyncio.sleep(IN_FLIGHT_S)  # the router has sent the turn to the stopped P
+        assert not in_flight.done()
+        doomed_prefill.kill()
+        await in_flight
+        await conversation.turn(client)
+        metrics = (await client.get("/metrics")).text
+
+    assert tally.all_good(3)
+    assert tally.paths[:2] == ["recompute", "fallback"]
+    assert 'agentkv_engine_errors_total{kind="connect",role="prefill"}' in metrics
+    assert tally.seconds[2] <= fault_cost_bound(tally)
+    assert_serving(stack.prefill[0], stack.decode[0], second_decode)
+
+
+async def test_decode_holder_frozen_for_a_minute(
+    stack: Stack, probe: KVProbe, second_decode: EngineProcess, tally: Tally
+) -> None:
+    """The holder stops (SIGSTOP) for a minute: it accepts connections and answers nothing.
+    The turn after recomputes (the holder fails its liveness probe) and decodes on the other
+    engine; once resumed, the holder's health probe brings it back into use."""
+    frozen = second_decode
     store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
-    conversation = Conversation(probe, tally, seed=100)
-    async with serve(router_settings(stack, decode=[doomed.url]), store) as (_, client):
-        for _ in range(2):  # the second pulls from the doomed engine: P is connected to it
-            await conversation.turn(client)
-    doomed.kill()
-    survivors = router_settings(stack, decode=[doomed.url, stack.decode[0].url])
-    async with serve(survivors, store) as (_, client):
-        # The pull from the dead holder stalls P's step (NIXL_ERR_REMOTE_DISCONNECT, then the
-        # request waits): after pull_s the router recomputes on the same P engine, and D
-        # moves to the survivor. The next turn pulls from the survivor.
-        for _ in range(2):
-            await conversation.turn(client)
+    conversation = Conversation(probe, tally, seed=600)
+    async with serve(router_settings(stack, decode=[frozen.url]), store) as (_, client):
+        await conversation.turn(client)  # the session's KV is held on the engine to freeze
+    pid = frozen.pid
+    assert pid is not None
+    async with serve(one_p_two_d(stack, frozen), store) as (app, client):
+        os.killpg(pid, signal.SIGSTOP)
+        froze = time.monotonic()
+        try:
+            for _ in range(2):  # a recompute, then a reuse from the other engine
+                await conversation.turn(client)
+            await asyncio.sleep(max(0.0, FREEZE_S - (time.monotonic() - froze)))
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        engine = app.state.router.decode.get(frozen.url)
+        deadline = time.monotonic() + 10 * HEALTH_INTERVAL_S
+        while not engine.healthy and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        assert engine.healthy, "the resumed engine's health probe never passed"
+        await conversation.turn(client)
         metrics = (await client.get("/metrics")).text
 
     assert tally.all_good(4)
-    assert tally.paths == ["recompute", "reuse", "fallback", "reuse"]
-    assert tally.pulled[1] > 0 and tally.pulled[3] > 0
-    assert 'agentkv_engine_errors_total{kind="stall",role="prefill"} 1.0' in metrics
+    assert tally.paths == ["recompute", "fallback", "reuse", "reuse"]
+    assert 'agentkv_engine_errors_total{kind="timeout",role="decode"}' in metrics
+    assert tally.seconds[1] <= fault_cost_bound(tally)
+    assert_serving(stack.prefill[0], stack.decode[0], frozen)
+
+
+async def test_decode_engine_killed_between_turns(
+    stack: Stack, probe: KVProbe, second_decode: EngineProcess
+) -> None:
+    """One kill, two sessions: for one the killed engine held its KV, for the other it was the
+    non-holder. Neither waits on the dead engine: its holder is found dead before a pull is
+    planned, and the other session goes on pulling from the surviving engine."""
+    doomed, survivor = second_decode, stack.decode[0]
+    holder_tally, bystander_tally = Tally("decode_holder_killed"), Tally("decode_non_holder_killed")
+    TALLIES.extend([holder_tally, bystander_tally])
+    held = Conversation(probe, holder_tally, seed=100)
+    bystander = Conversation(probe, bystander_tally, seed=700)
+    store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
+    for conversation, engine in ((held, doomed), (bystander, survivor)):
+        async with serve(router_settings(stack, decode=[engine.url]), store) as (_, client):
+            for _ in range(2):  # the second pulls from the engine: P is connected to it
+                await conversation.turn(client)
+    doomed.kill()
+    async with serve(one_p_two_d(stack, doomed), store) as (_, client):
+        for _ in range(2):
+            await held.turn(client)
+            await bystander.turn(client)
+        metrics = (await client.get("/metrics")).text
+
+    assert holder_tally.all_good(4) and bystander_tally.all_good(4)
+    assert holder_tally.paths == ["recompute", "reuse", "fallback", "reuse"]
+    assert bystander_tally.paths == ["recompute", "reuse", "reuse", "reuse"]
+    assert all(pulled > 0 for pulled in holder_tally.pulled[3:] + bystander_tally.pulled[1:])
+    assert 'kind="stall"' not in metrics  # no pull was ever planned from the dead holder
+    assert holder_tally.seconds[2] <= fault_cost_bound(holder_tally)
+    assert bystander_tally.seconds[2] <= fault_cost_bound(bystander_tally)
+    assert_serving(stack.prefill[0], survivor)

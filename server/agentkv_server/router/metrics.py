@@ -20,8 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 __all__ = ["ErrorKind", "KVPath", "RouterMetrics"]
 
 KVPath = Literal["reuse", "recompute", "fallback"]
-ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall"]
-"""``stall``: a prefill step that pulled KV ran past ``timeouts.pull_s`` (P is not blamed)."""
+ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall", "hang"]
+"""``stall``: a step whose engine answered but made no progress (docs/faults.md), or a prefill
+step that pulled KV ran past ``timeouts.pull_s`` (then P is not blamed); ``hang``: a step whose
+engine stopped answering progress probes."""
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -1,13 +1,16 @@
 """One turn through prefill (P) and decode (D) engines, with KV reuse and every fallback.
 
 1. Take the session's holding (atomically: a concurrent turn of the same session gets none) and
-   let the policy decide: pull it, or recompute.
+   let the policy decide: pull it, or recompute. A pull is planned only from a holder that is
+   not known lost since the holding was made and that answers now (watchdog.py).
 2. P step (``max_tokens: 1``): the holding's params plus ``do_remote_decode`` for a reuse, the
    cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
    ``fallback``) and on other P engines; with none left the turn is served decode-only.
 3. D step: P's returned params plus agentkv's retention and ticket, preferring the holder as
    decode engine. A D failure before its first byte is retried on another D engine. Streams are
    passed through chunk by chunk once the first chunk is in.
+   Every P and D step runs under the watchdog: a step whose engine stops answering or making
+   progress is aborted within seconds and served elsewhere, and the engine is suspect.
 4. The holding is replaced from D's response body (non-streamed) or D's report (streamed).
 
 The client sees an error only when no engine can serve it, or when an engine refused the
@@ -35,6 +38,7 @@ from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import PrefillSample, ReusePolicy
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
+from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings
 
 __all__ = ["COLD_PREFILL_PARAMS", "Orchestrator"]
@@ -107,6 +111,7 @@ class Orchestrator:
         self._policy = policy
         self._metrics = metrics
         timeouts = settings.timeouts
+        self._watchdog = Watchdog(http, settings.faults, timeouts.health_s)
         self._prefill_timeout = aiohttp.ClientTimeout(
             total=timeouts.prefill_s, connect=timeouts.connect_s
         )
@@ -150,10 +155,23 @@ class Orchestrator:
             logger.debug("session %s: recompute (%s)", key, decision.reason)
             return
         holder = self._decode.get(holding.decode_url)
-        if holder is None or not holder.healthy:
-            turn.fallback = True  # the holder is gone: its KV cannot be pulled
+        if (
+            holder is None
+            or not holder.healthy
+            or not holder.may_hold(holding.issued_at)
+            or not await self._holder_answers(holder)
+        ):
+            turn.fallback = True  # the holder cannot answer: a pull would wait on it
             return
         turn.reuse = True
+
+    async def _holder_answers(self, holder: Engine) -> bool:
+        problem = await self._watchdog.unanswered(holder)
+        if problem is None:
+            return True
+        logger.warning("holder %s does not answer (%s): recomputing", holder.url, problem)
+        self._metrics.record_engine_error(holder.role, problem)
+        return False
 
     async def _prefill_step(self, turn: _Turn) -> None:
         """Run P; leaves ``turn.prefill_params`` None when the turn must be served decode-only.
@@ -167,18 +185,21 @@ class Orchestrator:
             began = time.monotonic()
             try:
                 with engine.busy():
-                    answer = await post_json(
-                        self._http,
+                    answer = await self._watchdog.run(
                         engine,
-                        _PATHS[turn.request.endpoint],
-                        _prefill_body(turn.request.body, params),
-                        turn.request.headers,
-                        self._pull_timeout if pulling else self._prefill_timeout,
+                        post_json(
+                            self._http,
+                            engine,
+                            _PATHS[turn.request.endpoint],
+                            _prefill_body(turn.request.body, params),
+                            turn.request.headers,
+                            self._pull_timeout if pulling else self._prefill_timeout,
+                        ),
                     )
             except EngineFailure as failure:
-                # A pulling step out of time has stalled on the KV path (a holder that died
-                # mid-transfer leaves P's request waiting): that is no reason to drop P.
-                stalled = pulling and failure.kind == "timeout"
+                # A pulling step out of time or progress has stalled on the KV path (a holder
+                # that died mid-transfer leaves P's request waiting): no reason to drop P.
+                stalled = pulling and failure.kind in ("timeout", "stall")
                 self._note_failure(turn, failure, stalled=stalled)
                 if failure.is_client_error and not pulling:
                     raise
@@ -253,6 +274,10 @@ class Orchestrator:
                 if failure.is_client_error:
                     return self._passthrough(turn, failure)
                 excluded.append(engine)
+                if failure.engine_stuck:
+                    # D may have been waiting on P's KV (P gone after its step): the next D
+                    # computes the prompt itself rather than wait on the same transfer.
+                    turn.prefill_params = None
         raise _unservable(turn)
 
     async def _issue_ticket(self, turn: _Turn, engine: Engine, retention_s: float) -> str | None:
@@ -277,13 +302,16 @@ class Orchestrator:
         self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         with engine.busy():
-            answer = await post_json(
-                self._http,
+            answer = await self._watchdog.run(
                 engine,
-                _PATHS[turn.request.endpoint],
-                body,
-                turn.request.headers,
-                self._decode_timeout,
+                post_json(
+                    self._http,
+                    engine,
+                    _PATHS[turn.request.endpoint],
+                    body,
+                    turn.request.headers,
+                    self._decode_timeout,
+                ),
             )
         self._record_turn(turn)
         params = answer.pop("kv_transfer_params", None)
@@ -296,14 +324,18 @@ class Orchestrator:
     ) -> Response:
         engine.inflight += 1
         try:
-            stream = await open_stream(
-                self._http,
+            stream = await self._watchdog.run(
                 engine,
-                _PATHS[turn.request.endpoint],
-                body,
-                turn.request.headers,
-                timeout=self._decode_timeout,
-                first_chunk_s=self._settings.timeouts.first_token_s,
+                open_stream(
+                    self._http,
+                    engine,
+                    _PATHS[turn.request.endpoint],
+                    body,
+                    turn.request.headers,
+                    timeout=self._decode_timeout,
+                    first_chunk_s=self._settings.timeouts.first_token_s,
+                    idle_s=self._settings.faults.stall_s,
+                ),
             )
         except BaseException:
             engine.inflight -= 1
@@ -332,8 +364,9 @@ class Orchestrator:
                 yield done + tail
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Bytes already went out: the client's stream just ends early.
-            logger.debug("decode stream from %s broke: %r", engine.url, exc)
+            logger.warning("decode stream from %s broke: %r", engine.url, exc)
             self._metrics.record_engine_error("decode", "stream")
+            engine.mark_suspect()
         finally:
             stream.close()
             engine.inflight -= 1
@@ -349,10 +382,15 @@ class Orchestrator:
             logger.warning("%s: the pull stalled; recomputing instead", failure)
             self._metrics.record_engine_error(failure.engine.role, "stall")
             return
-        logger.debug("%s", failure)
         self._metrics.record_engine_error(failure.engine.role, failure.kind)
-        if failure.engine_unreachable:
-            failure.engine.healthy = False
+        if failure.kind == "connect":
+            logger.debug("%s", failure)
+            failure.engine.mark_lost()
+        elif failure.engine_stuck:
+            logger.warning("%s: the engine is suspect until its health probe passes", failure)
+            failure.engine.mark_suspect()
+        else:
+            logger.debug("%s", failure)
 
     def _passthrough(self, turn: _Turn, refused: EngineFailure) -> Response:
         """An engine's own 4xx, handed back as it wrote it."""

@@ -1,9 +1,11 @@
 """Engines, their load and health, and the choice of engine for each step.
 
 Load is the number of requests this router has in flight on an engine (a replica sees only its
-own share, which is enough to spread work). Health is passive (a connect failure or timeout marks
-an engine down at once) and active (``HealthMonitor`` probes ``GET /health`` periodically and
-brings engines back).
+own share, which is enough to spread work). Health is passive (a connect failure or a step that
+times out or hangs marks an engine down at once) and active (``HealthMonitor`` probes
+``GET /health`` periodically and brings engines back). An engine that refused a connection is
+*lost*: its process is gone or restarted, so every holding issued before that moment is void
+(checked lazily against ``lost_at``: no store scan, and right for every store).
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import aiohttp
 
-__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role"]
+from agentkv_server.router.metrics import ErrorKind
+
+__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,27 @@ class Engine:
     healthy: bool = True
     inflight: int = 0
     failed_probes: int = 0
+    lost_at: float = 0.0  # wall clock (holdings' clock) of the last refused connection
+    answered_at: float = -math.inf  # monotonic time of the last answer seen from it
+
+    def mark_answered(self) -> None:
+        self.answered_at = time.monotonic()
+
+    def answered_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.answered_at <= seconds
+
+    def mark_suspect(self) -> None:
+        """No new work until a health probe passes (a step hung or timed out)."""
+        self.healthy = False
+
+    def mark_lost(self) -> None:
+        """The engine refused a connection: down, and the KV it held is gone with it."""
+        self.healthy = False
+        self.lost_at = time.time()
+
+    def may_hold(self, issued_at: float) -> bool:
+        """Whether KV recorded for a turn issued at ``issued_at`` can still be on the engine."""
+        return issued_at > self.lost_at
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -115,11 +142,7 @@ class HealthMonitor:
         await asyncio.gather(*(self._check(engine) for engine in self._engines))
 
     async def _check(self, engine: Engine) -> None:
-        try:
-            async with self._http.get(f"{engine.url}/health", timeout=self._timeout) as response:
-                healthy = response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            healthy = False
+        healthy = await probe_health(self._http, engine, self._timeout) is None
         engine.failed_probes = 0 if healthy else engine.failed_probes + 1
         if not healthy and engine.failed_probes < self._failures_to_down:
             return
@@ -143,3 +166,24 @@ class HealthMonitor:
         while True:
             await asyncio.sleep(self._interval_s)
             await self.check_all()
+
+
+async def probe_health(
+    http: aiohttp.ClientSession, engine: Engine, timeout: aiohttp.ClientTimeout
+) -> ErrorKind | None:
+    """One ``GET /health``: None when healthy, else what went wrong.
+
+    A refused connection (``connect``) marks the engine lost at once.
+    """
+    try:
+        async with http.get(f"{engine.url}/health", timeout=timeout) as response:
+            status = response.status
+    except aiohttp.ClientConnectorError:
+        engine.mark_lost()
+        return "connect"
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return "timeout"
+    if status != 200:
+        return "status"
+    engine.mark_answered()
+    return None

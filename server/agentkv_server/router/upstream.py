@@ -49,7 +49,12 @@ class EngineFailure(Exception):
 
     @property
     def engine_unreachable(self) -> bool:
-        return self.kind in ("connect", "timeout")
+        return self.kind in ("connect", "timeout", "hang")
+
+    @property
+    def engine_stuck(self) -> bool:
+        """The engine answered nothing in time, or made no progress."""
+        return self.kind in ("timeout", "hang", "stall")
 
 
 async def post_json(
@@ -89,14 +94,16 @@ class DecodeStream:
     decode that fails early on another engine: nothing has been sent yet.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, first: bytes) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, first: bytes, idle_s: float) -> None:
         self._response = response
         self._first = first
+        self._idle_s = idle_s
         self.content_type = response.headers.get("content-type", "text/event-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """The chunks; asyncio.TimeoutError when none comes for ``idle_s`` (a stuck engine)."""
         yield self._first
-        async for chunk in self._response.content.iter_any():
+        while chunk := await asyncio.wait_for(self._response.content.readany(), self._idle_s):
             yield chunk
 
     def close(self) -> None:
@@ -112,8 +119,10 @@ async def open_stream(
     *,
     timeout: aiohttp.ClientTimeout,
     first_chunk_s: float,
+    idle_s: float,
 ) -> DecodeStream:
-    """POST a streaming request and wait (at most ``first_chunk_s``) for its first chunk."""
+    """POST a streaming request and wait (at most ``first_chunk_s``) for its first chunk; later
+    chunks may be at most ``idle_s`` apart."""
 
     async def start() -> tuple[aiohttp.ClientResponse, bytes]:
         response = await http.post(engine.url + path, json=body, headers=headers, timeout=timeout)
@@ -137,7 +146,7 @@ async def open_stream(
     if not first:
         response.release()
         raise EngineFailure(engine, "stream", "stream ended before its first chunk")
-    return DecodeStream(response, first)
+    return DecodeStream(response, first, idle_s)
 
 
 def _raise_for_status(engine: Engine, response: aiohttp.ClientResponse, raw: bytes) -> None:

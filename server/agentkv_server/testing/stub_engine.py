@@ -14,7 +14,9 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
 - ``agentkv_release`` frees retained requests at once.
 
 A token is one whitespace-separated word (chat: every message's content plus two per message
-for the template). Every request is recorded for assertions; faults can be queued.
+for the template). Every request is recorded for assertions; faults can be queued. ``/metrics``
+counts prompt and generated tokens as vLLM's counters do; ``frozen`` makes the engine answer
+nothing at all (as a SIGSTOPped process) until it is cleared.
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ class StubEngine:
     released: list[str] = field(default_factory=list)
     pulled: list[tuple[str, str, int]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    frozen: bool = False
+    stall_after_chunks: int | None = None  # a stream stops (and hangs) after this many chunks
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    metrics_reads: int = 0
     port: int = 0
     _runner: web.AppRunner | None = None
     _reports: set[asyncio.Task[None]] = field(default_factory=set)
@@ -125,6 +132,7 @@ class StubEngine:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         self._runner = web.AppRunner(
@@ -147,14 +155,30 @@ class StubEngine:
         while self._reports:
             await asyncio.gather(*list(self._reports), return_exceptions=True)
 
+    async def _thaw(self) -> None:
+        while self.frozen:
+            await asyncio.sleep(0.01)
+
     async def _health(self, _: web.Request) -> web.Response:
+        await self._thaw()
         return web.json_response({}, status=200 if self.healthy else 503)
 
+    async def _metrics(self, _: web.Request) -> web.Response:
+        await self._thaw()
+        self.metrics_reads += 1
+        text = (
+            f'vllm:prompt_tokens_total{{engine="0"}} {float(self.prompt_tokens_total)}\n'
+            f'vllm:generation_tokens_total{{engine="0"}} {float(self.generation_tokens_total)}\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
     async def _models(self, _: web.Request) -> web.Response:
+        await self._thaw()
         model = {"id": self.cluster.model, "object": "model", "owned_by": "agentkv-stub"}
         return web.json_response({"object": "list", "data": [model]})
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
+        await self._thaw()
         try:
             body = await request.json()
         except ValueError:
@@ -204,6 +228,8 @@ class StubEngine:
         prompt_tokens = count_prompt_tokens(body)
         cached = min(self._pull(params), prompt_tokens)
         await self._compute(prompt_tokens - cached)
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += 1
         request_id = f"p-{uuid.uuid4().hex}"
         answer = _completion_body(
             body, "tok", prompt_tokens, 1, cached if self.report_cached_tokens else None
@@ -239,6 +265,8 @@ class StubEngine:
         if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
             await self._compute(prompt_tokens)
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 8)
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
         ticket = params.get("agentkv_ticket")
         if body.get("stream"):
@@ -280,6 +308,8 @@ class StubEngine:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for index in range(n):
+            if index == self.stall_after_chunks:
+                await asyncio.sleep(3600)  # the client's deadline ends it
             chunk = _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
+
 from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing import InProcessRouter, conversation
 
@@ -12,8 +17,11 @@ async def mark_down(router: InProcessRouter) -> None:
         await router.state.health.check_all()
 
 
-async def test_holder_gone_means_recompute_on_another_decode_engine(make_router):
-    router = await make_router(n_decode=2)
+@pytest.mark.parametrize("probed", [True, False], ids=["probed", "answered-just-now"])
+async def test_holder_gone_means_recompute_on_another_decode_engine(make_router, probed):
+    """Probed: the holder's liveness probe is refused, so no pull is planned at all. Answered
+    just now (no probe): P finds nothing to pull, D's step there is refused."""
+    router = await make_router(n_decode=2, faults={"liveness_cache_s": 0.0 if probed else 60.0})
     await router.chat(conversation(1, 500), session="s1")
     holder, other = router.decode if router.decode[0].retained else router.decode[::-1]
     await holder.stop()
@@ -25,6 +33,8 @@ async def test_holder_gone_means_recompute_on_another_decode_engine(make_router)
     assert response.headers["x-agentkv-reused-tokens"] == "0"
     assert len(other.completions()) == 1
     assert await router.metric('agentkv_engine_errors_total{kind="connect",role="decode"}') == 1
+    planned_pull = router.prefill[0].completions()[-1].kv_params != COLD_PREFILL_PARAMS
+    assert planned_pull is not probed
 
 
 async def test_holder_known_down_is_not_asked_for_a_pull(make_router):
@@ -225,3 +235,135 @@ async def test_health_checks_bring_engines_back(make_router):
     router.prefill[1].healthy = True
     await router.state.health.check_all()
     assert (await router.client.get("/health")).json()["status"] == "ok"
+
+
+# The watchdog's deadlines shrunk to stub scale: a test that fails to notice a fault runs into
+# the client's 5 s timeout instead.
+FAST_WATCHDOG: dict[str, Any] = {
+    "faults": {
+        "liveness_cache_s": 0.0,
+        "liveness_timeout_s": 0.2,
+        "progress_every_s": 0.05,
+        "stall_s": 0.3,
+    },
+    "timeouts": {"health_s": 0.2},
+}
+
+
+async def test_holdings_of_an_engine_that_refused_a_connection_are_void(make_router):
+    """An engine restarted on the same address has lost its KV, even if it answers again."""
+    router = await make_router(**FAST_WATCHDOG)
+    engine = router.decode[0]
+    for session in ("s1", "s2"):
+        await router.chat(conversation(1, 500), session=session)
+    port = engine.port
+    await engine.stop()
+    await router.state.health.check_all()  # one refused connection is enough
+    await engine.start(port)  # the stub still has the blocks: only the router can refuse them
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy
+
+    responses = [await router.chat(conversation(2, 500), session=s) for s in ("s1", "s2")]
+
+    assert [r.headers["x-agentkv-kv-path"] for r in responses] == ["fallback", "fallback"]
+    assert all(r.kv_params == COLD_PREFILL_PARAMS for r in router.prefill[0].completions()[2:])
+    assert router.prefill[0].pulled == []
+
+
+async def test_frozen_holder_is_not_asked_for_a_pull(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    await router.chat(conversation(1, 500), session="s1")
+    holder, other = router.decode if router.decode[0].retained else router.decode[::-1]
+    holder.frozen = True  # as SIGSTOP: connections are accepted, nothing answers
+
+    response = await router.chat(conversation(2, 500), session="s1")
+    holder.frozen = False
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert len(other.completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="timeout",role="decode"}') == 1
+
+
+async def test_decode_step_without_progress_is_aborted_and_served_elsewhere(make_router):
+    """Non-streamed: no byte comes back before the answer is complete, so the router reads
+    the engine's progress beside it."""
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    router.decode[0].faults.append("hang")  # answers /metrics, its counters stay flat
+
+    response = await router.chat(conversation(1, 50))
+
+    assert response.status_code == 200
+    assert len(router.decode[1].completions()) == 1
+    # It might have been waiting on P's KV: the other engine computes the prompt itself.
+    assert "do_remote_prefill" not in router.decode[1].completions()[0].kv_params
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="decode"}') == 1
+    assert router.state.decode.engines[0].healthy is False  # suspect...
+    await router.state.health.check_all()
+    assert router.state.decode.engines[0].healthy is True  # ...until its health probe passes
+
+
+async def test_frozen_decode_engine_is_left_for_another_before_the_first_chunk(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    router.decode[0].frozen = True
+
+    response = await router.chat(conversation(1, 50), stream=True)
+    router.decode[0].frozen = False
+
+    assert response.status_code == 200
+    assert response.text.rstrip().endswith("data: [DONE]")
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="decode"}') == 1
+
+
+async def test_steps_watched_at_once_share_one_progress_read_per_engine(make_router):
+    settings = FAST_WATCHDOG | {"faults": FAST_WATCHDOG["faults"] | {"stall_s": 5.0}}
+    router = await make_router(**settings)
+    router.decode[0].delay_s = 0.5  # ten progress periods: every step is watched
+
+    responses = await asyncio.gather(*(router.chat(conversation(1, 50)) for _ in range(8)))
+
+    assert all(response.status_code == 200 for response in responses)
+    # One read per half period at most (about 20), not one per step and period (80).
+    assert 0 < router.decode[0].metrics_reads <= 0.5 / 0.025 + 2
+
+
+async def test_stream_that_stops_midway_ends_within_the_stall_deadline(make_router):
+    router = await make_router(n_decode=2, **FAST_WATCHDOG)
+    router.decode[0].stall_after_chunks = 2  # bytes went out: no other engine can take over
+
+    response = await router.chat(conversation(1, 50), stream=True)
+
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 2 and "[DONE]" not in response.text
+    assert await router.metric('agentkv_engine_errors_total{kind="stream",role="decode"}') == 1
+    assert router.state.decode.engines[0].healthy is False
+
+
+async def test_frozen_prefill_engine_is_left_for_another(make_router):
+    router = await make_router(n_prefill=2, **FAST_WATCHDOG)
+    router.prefill[0].frozen = True
+
+    response = await router.chat(conversation(1, 100))
+    router.prefill[0].frozen = False
+
+    assert response.status_code == 200
+    assert len(router.prefill[1].completions()) == 1
+    assert router.state.prefill.engines[0].healthy is False
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="prefill"}') == 1
+
+
+async def test_pull_without_progress_is_retried_cold_long_before_the_pull_timeout(make_router):
+    router = await make_router(**FAST_WATCHDOG | {"timeouts": {"health_s": 0.2, "pull_s": 60}})
+    await router.chat(conversation(1, 500), session="s1")
+    router.prefill[0].faults.append("hang")  # as a pull parked on a dead holder
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert response.headers["x-agentkv-kv-path"] == "fallback"
+    pull, cold = router.prefill[0].completions()[1:3]
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert router.state.prefill.engines[0].healthy is True  # the pull stalled, not P
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1

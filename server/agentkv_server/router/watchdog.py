@@ -1,0 +1,132 @@
+"""Dead and hung engines, found in seconds (docs/faults.md).
+
+Two checks, both bounded by the router's own deadlines, never by an engine's:
+
+- :meth:`Watchdog.unanswered`, before a pull is planned: the holder answered within
+  ``liveness_cache_s``, or answers ``GET /health`` within ``liveness_timeout_s``. A holder that
+  cannot answer would leave P's pull waiting on it; the turn recomputes instead.
+- :meth:`Watchdog.run`, around an engine step: every ``progress_every_s`` it reads the engine's
+  token counters (``GET /metrics``). No answer ``unanswered_probes`` times in a row (frozen or
+  dead) is a ``hang``; counters flat for ``stall_s`` (the engine answers but its core makes no
+  progress) is a ``stall``. Either way the step's connection is closed, which aborts the
+  request in vLLM, and the caller serves the turn elsewhere. A non-streamed answer gives no
+  sign of life until it is complete, hence reading progress beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import aiohttp
+
+from agentkv_server.router.metrics import ErrorKind
+from agentkv_server.router.placement import Engine, probe_health
+from agentkv_server.router.upstream import EngineFailure
+from agentkv_server.settings import FaultSettings
+
+__all__ = ["PROGRESS_COUNTERS", "Watchdog"]
+
+T = TypeVar("T")
+
+PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+"""Counters whose sum grows while an engine computes (``GET /metrics``, Prometheus text)."""
+
+
+class Watchdog:
+    """Liveness before a pull, progress while a step runs."""
+
+    def __init__(
+        self, http: aiohttp.ClientSession, settings: FaultSettings, probe_timeout_s: float
+    ) -> None:
+        self._http = http
+        self._settings = settings
+        self._liveness_timeout = aiohttp.ClientTimeout(total=settings.liveness_timeout_s)
+        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        # One progress read per engine serves every step watched on it at the time.
+        self._reads: dict[Engine, tuple[float, asyncio.Future[float | None]]] = {}
+
+    async def unanswered(self, engine: Engine) -> ErrorKind | None:
+        """None when ``engine`` answers now; else why not, and it is marked suspect (or lost)."""
+        if engine.answered_within(self._settings.liveness_cache_s):
+            return None
+        problem = await probe_health(self._http, engine, self._liveness_timeout)
+        if problem is not None:
+            engine.mark_suspect()
+        return problem
+
+    async def run(self, engine: Engine, step: Awaitable[T]) -> T:
+        """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing."""
+        task = asyncio.ensure_future(step)
+        try:
+            await self._watch(engine, task)
+            result = task.result()
+        finally:
+            if not task.done():
+                task.cancel()  # closes the connection: vLLM aborts the request
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        engine.mark_answered()
+        return result
+
+    async def _watch(self, engine: Engine, task: asyncio.Future[object]) -> None:
+        unanswered = 0
+        reading: float | None = None
+        changed = time.monotonic()
+        while not task.done():
+            await asyncio.wait({task}, timeout=self._settings.progress_every_s)
+            if task.done():
+                return
+            now_reading = await self._progress(engine)
+            if task.done():
+                return
+            if now_reading is None:
+                unanswered += 1
+                if unanswered >= self._settings.unanswered_probes:
+                    raise EngineFailure(
+                        engine, "hang", f"no answer to {unanswered} progress probes in a row"
+                    )
+                continue
+            unanswered = 0
+            if now_reading != reading:
+                reading, changed = now_reading, time.monotonic()
+            elif time.monotonic() - changed >= self._settings.stall_s:
+                raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
+
+    async def _progress(self, engine: Engine) -> float | None:
+        now = time.monotonic()
+        started, read = self._reads.get(engine, (-math.inf, None))
+        if read is None or now - started >= self._settings.progress_every_s / 2:
+            read = asyncio.ensure_future(self._read_progress(engine))
+            self._reads[engine] = (now, read)
+        return await asyncio.shield(read)  # a step that ends must not cancel the others' read
+
+    async def _read_progress(self, engine: Engine) -> float | None:
+        """The engine's progress counters; None when it does not answer.
+
+        An engine without those counters answers a fresh reading each time: answering is all
+        the progress it can show.
+        """
+        try:
+            async with self._http.get(
+                f"{engine.url}/metrics", timeout=self._probe_timeout
+            ) as response:
+                text = await response.text() if response.status == 200 else ""
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+        total = _sum_counters(text)
+        return time.monotonic() if total is None else total
+
+
+def _sum_counters(text: str) -> float | None:
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] in PROGRESS_COUNTERS:
+            with contextlib.suppress(ValueError, IndexError):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+    return total if found else None
