@@ -17,7 +17,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "model", nargs="?", default=DEFAULT_MODEL, choices=MODEL_NAMES,
         help=f"{DEFAULT_MODEL} (the real default model) or a random-weight test model",
     )  # fmt: skip
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights' type (default float32)",
+    )
     parser.add_argument(
         "--cache-dir", type=Path, help=f"where models are kept (default {cache_dir()})"
     )

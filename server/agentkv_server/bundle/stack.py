@@ -235,8 +235,8 @@ class Stack:
             "--config", str(settings_file),
             "--host", config.host,
             "--port", str(self._router_port),
-            "--prefill", *(engine.url for engine in self.prefill),
-            "--decode", *(engine.url for engine in self.decode),
+            "--prefill-url", *(engine.url for engine in self.prefill),
+            "--decode-url", *(engine.url for engine in self.decode),
         ]  # fmt: skip
         url = f"http://{config.host}:{self._router_port}"
         return ManagedProcess(
