@@ -117,8 +117,7 @@ def resolve_model(
     path = Path(name).expanduser()
     if not path.is_dir():
         raise ConfigError(
-            f"--model {name!r} is neither a model name ({', '.join(MODEL_NAMES)}) "
-            "nor a directory"
+            f"--model {name!r} is neither a model name ({', '.join(MODEL_NAMES)}) nor a directory"
         )
     return path.resolve(), path.name
 
