@@ -45,17 +45,16 @@ class ConnectorSpec:
     extra_config: Mapping[str, Any] = field(default_factory=dict)
 
     def transfer_config(
-        self, engine_id: str, defaults: Mapping[str, Any] | None = None
+        self, engine_id: str | None, defaults: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
-        """``--kv-transfer-config``; ``extra_config`` overrides ``defaults``."""
+        """``--kv-transfer-config``; ``extra_config`` overrides ``defaults``; no ``engine_id``
+        (None): vLLM draws one."""
         # kv_both on P and D: in bidirectional mode each side both sends and receives KV.
         extra = {"bidirectional_kv_xfer": True, **(defaults or {}), **self.extra_config}
-        config: dict[str, Any] = {
-            "kv_connector": self.name,
-            "kv_role": "kv_both",
-            "engine_id": engine_id,
-            "kv_connector_extra_config": extra,
-        }
+        config: dict[str, Any] = {"kv_connector": self.name, "kv_role": "kv_both"}
+        if engine_id is not None:
+            config["engine_id"] = engine_id
+        config["kv_connector_extra_config"] = extra
         if self.module_path:
             config["kv_connector_module_path"] = self.module_path
         return config
@@ -96,6 +95,10 @@ class EngineSpec:
     dtype: str | None = None  # --dtype; None: a test model's own dtype, else vLLM's "auto"
     engine_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # NIXL's engine id is ``name`` (readable, unique on one host) unless vLLM should draw a
+    # fresh one at every start: pullers tell a restarted engine by a new id at a known address,
+    # and a pod's restarted container keeps its name, port and address (docs/deploy.md).
+    fresh_engine_id: bool = False
 
     @property
     def name(self) -> str:
@@ -108,7 +111,8 @@ class EngineSpec:
     def command(self) -> list[str]:
         """The engine's command line; ``engine_args`` come last so that they can override."""
         defaults = _CPU_TRANSFER_DEFAULTS if self.device == "cpu" else None
-        transfer = self.connector.transfer_config(self.name, defaults)
+        engine_id = None if self.fresh_engine_id else self.name
+        transfer = self.connector.transfer_config(engine_id, defaults)
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),

@@ -101,3 +101,13 @@ def test_a_test_model_is_served_in_the_dtype_it_was_built_in(tmp_path: Path) -> 
     assert flag(spec(model=tmp_path).command(), "--dtype") == "float32"
     assert flag(spec(model=tmp_path, dtype="bfloat16").command(), "--dtype") == "bfloat16"
     assert "--dtype" not in spec(model=tmp_path / "other-model").command()
+
+
+def test_engine_id_is_the_name_unless_vllm_should_draw_a_fresh_one() -> None:
+    def transfer(engine: EngineSpec) -> dict[str, object]:
+        return json.loads(flag(engine.command(), "--kv-transfer-config"))
+
+    assert transfer(spec())["engine_id"] == "decode-8200"
+    # A pod's restarted container keeps name, port and address: only a new id tells pullers.
+    assert "engine_id" not in transfer(spec(fresh_engine_id=True))
+    assert transfer(spec(fresh_engine_id=True))["kv_connector"] == "AgentKVConnector"
