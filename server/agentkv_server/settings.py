@@ -130,9 +130,6 @@ class CostModelSettings(_Frozen):
     expiry_guard_s: float = Field(
         1.0, ge=0, description="reuse only if the holding outlives the predicted pull by this"
     )
-    local_tokens_per_s: float = Field(
-        2000.0, gt=0, description="initial prefill rate of a decode engine with a prefix hit"
-    )
 
 
 class LocalPathSettings(_Frozen):

@@ -166,7 +166,8 @@ class CostModelPolicy:
         self._local_settings = local or LocalPathSettings()
         self._prefill = LinearFit(0.0, 1.0 / cost.prefill_tokens_per_s, cost.ewma_alpha)
         self._pull = LinearFit(cost.pull_overhead_s, 1.0 / cost.pull_tokens_per_s, cost.ewma_alpha)
-        self._local = LinearFit(0.0, 1.0 / cost.local_tokens_per_s, cost.ewma_alpha)
+        # Until a local turn is measured, the holder is assumed to prefill at P's rate.
+        self._local: LinearFit | None = None
 
     @property
     def considers_local(self) -> bool:
@@ -184,6 +185,8 @@ class CostModelPolicy:
         return tokens * self.prefill_s_per_token
 
     def predicted_local_s(self, new_tokens: int) -> float:
+        if self._local is None:
+            return new_tokens * self.prefill_s_per_token
         fixed, per_token = self._local.line()
         return fixed + new_tokens * per_token
 
@@ -236,6 +239,8 @@ class CostModelPolicy:
             self._pull.add(sample.pulled_tokens, max(pull_s, 0.0))
 
     def observe_local(self, new_tokens: int, seconds: float) -> None:
+        if self._local is None:
+            self._local = LinearFit(0.0, self.prefill_s_per_token, self._cost.ewma_alpha)
         self._local.add(new_tokens, seconds)
 
 

@@ -133,6 +133,7 @@ class StubEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         self._runner = web.AppRunner(
@@ -176,6 +177,14 @@ class StubEngine:
         await self._thaw()
         model = {"id": self.cluster.model, "object": "model", "owned_by": "agentkv-stub"}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: the prompt's tokens as a completion would see them."""
+        await self._thaw()
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        count = count_prompt_tokens(body)
+        return web.json_response({"count": count, "max_model_len": MAX_TOKENS, "tokens": []})
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         await self._thaw()
@@ -262,8 +271,10 @@ class StubEngine:
         self, request: web.Request, body: dict[str, Any], params: dict[str, Any]
     ) -> web.StreamResponse:
         prompt_tokens = count_prompt_tokens(body)
+        cached = 0
         if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
-            await self._compute(prompt_tokens)
+            cached = self._prefix_hit(prompt_tokens)
+            await self._compute(prompt_tokens - cached)
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 8)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
@@ -272,12 +283,19 @@ class StubEngine:
         if body.get("stream"):
             response = await self._stream(request, body, n)
         else:
-            answer = _completion_body(body, stub_answer(n), prompt_tokens, n, None)
+            reported = cached if self.report_cached_tokens and cached else None
+            answer = _completion_body(body, stub_answer(n), prompt_tokens, n, reported)
             answer["kv_transfer_params"] = holding
             response = web.json_response(answer)
         if ticket and holding is not None:
             self._report({"ticket": ticket, "kv_transfer_params": holding})
         return response
+
+    def _prefix_hit(self, prompt_tokens: int) -> int:
+        """Tokens this engine's prefix cache covers: its longest live retained request's, as
+        a stand-in for vLLM's block hashes (the stub does not compare token contents)."""
+        held = [entry.num_tokens for entry in self.retained.values() if entry.alive()]
+        return min(max(held, default=0), prompt_tokens)
 
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
         retention = params.get("agentkv_retention_seconds")
