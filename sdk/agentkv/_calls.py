@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import openai
 
 from agentkv._proxy import Proxy
-from agentkv._results import finish_reason, kv_path, reused_tokens
+from agentkv._results import finish_reason, kv_path, reused_tokens, server_timing
 from agentkv._session import Session, TurnInfo, current_session
 from agentkv._streams import ObservedAsyncStream, ObservedStream
 from agentkv._tagging import TurnTags, is_tool_continuation, tag_request
@@ -129,6 +129,7 @@ class ModelCall:
             reused_tokens=reused_tokens(self._headers),
             ttft_seconds=ttft,
             finish_reason=self._finish_reason,
+            server_timing=server_timing(self._headers),
         )
         self._session._complete_turn(info, ended_at=ended_at)
 
