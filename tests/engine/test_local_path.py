@@ -53,6 +53,8 @@ async def turn(
         "/v1/completions", json=body, headers={protocol.HEADER_SESSION_ID: session}
     )
     assert response.status_code == 200, response.text
+    # The breakdown, for docs/router.md (plan includes the holder's /tokenize).
+    print(response.headers[protocol.HEADER_KV_PATH], response.headers["server-timing"])
     return response, response.json()["choices"][0]
 
 
