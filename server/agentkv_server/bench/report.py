@@ -140,8 +140,11 @@ def _history_table(summary: Summary) -> list[str]:
 def _breakdown_table(summary: Summary) -> list[str]:
     """Where a follow-up turn's time goes, per mode, and which paths the router took."""
     rows = [
-        "Follow-up turn breakdown (median s; router's plan, prefill step, decode step to first "
-        "byte, then the client's wait from the last chunk to the stream's end) and KV paths:",
+        (
+            "Follow-up turn breakdown (median s; router's plan, prefill step, decode step to "
+            "first byte, then the client's wait from the last chunk to the stream's end) and "
+            "KV paths:"
+        ),
         "",
         "| mode | plan | prefill | decode | end wait | paths |",
         "|---|---:|---:|---:|---:|---|",

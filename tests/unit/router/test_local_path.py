@@ -6,8 +6,13 @@ import logging
 
 import pytest
 
-from agentkv_server.router import AlwaysPolicy, CostModelPolicy, NeverPolicy, TurnLoad
-from agentkv_server.router import UpstreamPolicy
+from agentkv_server.router import (
+    AlwaysPolicy,
+    CostModelPolicy,
+    NeverPolicy,
+    TurnLoad,
+    UpstreamPolicy,
+)
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
 from agentkv_server.testing.harness import conversation, words
@@ -184,9 +189,7 @@ async def test_holder_failing_a_local_turn_is_recomputed_elsewhere(make_router, 
     router = await make_router(n_decode=2, local=LOCAL_ON)
     first = conversation(1, 500)
     await router.chat(first, session="s1")
-    holder, other = (
-        router.decode if router.decode[0].retained else list(reversed(router.decode))
-    )
+    holder, other = router.decode if router.decode[0].retained else list(reversed(router.decode))
     holder.faults.append(fault)
     prefill_steps = len(router.prefill[0].completions())
 
