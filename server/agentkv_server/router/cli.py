@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(pull every live holding)",
     )
     parser.add_argument(
+        "--no-local",
+        action="store_true",
+        help="never continue a turn on its decode holder (no prefill on decode engines): "
+        "pull or recompute only (docs/router.md, three paths)",
+    )
+    parser.add_argument(
         "--secret",
         help=f"shared secret for engines' holding reports (default ${SECRET_ENV}, else generated)",
     )
@@ -101,6 +107,8 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     }
     if timeouts:
         data["timeouts"] = {**data.get("timeouts", {}), **timeouts}
+    if getattr(args, "no_local", False):
+        data["local"] = {**data.get("local", {}), "enabled": False}
     secret = args.secret or os.environ.get(SECRET_ENV) or data.get("secret")
     if secret:
         data["secret"] = secret

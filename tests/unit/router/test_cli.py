@@ -87,3 +87,14 @@ def test_short_api_key_is_a_config_error(monkeypatch):
     args = parse("--decode", "http://d:1", "--api-key", "abc")
     with pytest.raises(ConfigError, match="16 characters"):
         settings_from_args(args, decode_urls=args.decode)
+
+
+def test_no_local_turns_the_local_path_off(tmp_path):
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"local": {"max_new_tokens": 64}}))
+    args = parse("--decode", "http://d:1", "--config", str(config))
+    assert settings_from_args(args, decode_urls=args.decode).local.enabled
+
+    args = parse("--decode", "http://d:1", "--config", str(config), "--no-local")
+    local = settings_from_args(args, decode_urls=args.decode).local
+    assert not local.enabled and local.max_new_tokens == 64
