@@ -248,7 +248,7 @@ def report(soak: Soak, rss_start: dict[str, float], rss_end: dict[str, float]) -
     print("errors:", dict(tally.errors) or "none")
     print("\n| process | RSS at start MiB | RSS at end MiB |")
     print("|---|---|---|")
-    for name in rss_start.keys() | rss_end.keys():
+    for name in sorted(rss_start.keys() | rss_end.keys()):
         print(f"| {name} | {rss_start.get(name, 0):.0f} | {rss_end.get(name, 0):.0f} |")
     series = ", ".join(f"{at:.0f}s:{held}" for at, held in tally.holdings)
     print(f"\nholdings held over time: {series}")

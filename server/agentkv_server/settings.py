@@ -86,10 +86,11 @@ class FaultSettings(_Frozen):
         2, ge=1, description="progress reads in a row without answer that make a step hung"
     )
     stall_s: float = Field(
-        15.0,
+        60.0,
         gt=0,
-        description="token counters flat this long make a step hung (longer than any one "
-        "legitimate prefill: vLLM counts a prompt's tokens only when it is done)",
+        description="token counters flat this long make a step stalled; longer than any one "
+        "legitimate prefill (vLLM counts a prompt's tokens only when it is done: a cold "
+        "prefill on a loaded 2-core machine showed flat counters for over 15 s)",
     )
 
 
