@@ -28,8 +28,16 @@ from agentkv_server.bundle.stack import Stack, StackConfig
 
 ALWAYS_PULL = {"policy": "always"}
 SETTINGS = {
-    "upstream behaviour": {"agentkv_demote_transfer_threads": False, "agentkv_idle_sleep_ms": 0},
-    "threads demoted": {"agentkv_demote_transfer_threads": True, "agentkv_idle_sleep_ms": 0},
+    "upstream behaviour": {
+        "agentkv_demote_transfer_threads": False,
+        "agentkv_idle_sleep_ms": 0,
+        "agentkv_nixl_progress_delay_us": 0,
+    },
+    "threads demoted": {
+        "agentkv_demote_transfer_threads": True,
+        "agentkv_idle_sleep_ms": 0,
+        "agentkv_nixl_progress_delay_us": 0,
+    },
     "demoted + paced (defaults)": {},
 }
 NEW_TOKENS = 100

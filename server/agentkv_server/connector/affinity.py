@@ -1,4 +1,4 @@
-"""Where a worker's threads run: its own cores kept, NIXL's polling threads demoted."""
+"""Where a worker's threads run: its own cores kept, the threads NIXL starts demoted."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def native_threads_started() -> Iterator[list[int]]:
 def demote_to_idle_priority(thread_ids: Iterable[int]) -> list[int]:
     """Move threads to ``SCHED_IDLE``: they run only on a core nothing else wants.
 
-    NIXL's progress thread polls without pause (the python agent sets ``pthrDelay=0``), a core
-    per engine for as long as the engine lives. Demoted, it keeps polling on idle cores but no
-    longer takes a core from a forward pass. Returns the threads demoted.
+    NIXL's progress thread, where it still polls without pause (``pthrDelay=0``, see
+    ``progress.py``), then polls on idle cores only and never takes a core from a forward
+    pass. Returns the threads demoted.
     """
     if not hasattr(os, "SCHED_IDLE"):
         return []

@@ -17,6 +17,7 @@ clipped to it before upstream's logic runs. A holding about to expire is not pul
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorS
 from vllm.utils.math_utils import cdiv
 
 from agentkv_server.connector import params as wire
-from agentkv_server.connector.idle import IdleBackoff
+from agentkv_server.connector.idle import IdleBackoff, engine_input_queue, wait_for_input
 from agentkv_server.connector.log import get_logger
 from agentkv_server.connector.prefix import (
     BLOCK_SIZE_KEY,
@@ -79,13 +80,17 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             if settings.report_url
             else None
         )
-        self._idle = IdleBackoff(
-            grace_seconds=settings.idle_grace_seconds, sleep_seconds=settings.idle_sleep_seconds
-        )
+        # Requests whose KV is being loaded: the engine steps to notice each load's end.
+        self._loading: set[str] = set()
+        self._idle = _idle_backoff(settings)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
         # Called once per engine step, before the step runs: the place to pace an idle loop.
-        busy = scheduler_output.total_num_scheduled_tokens > 0 or bool(self._reqs_need_recv)
+        busy = (
+            scheduler_output.total_num_scheduled_tokens > 0
+            or bool(self._reqs_need_recv)
+            or bool(self._loading)
+        )
         self._idle.step(busy=busy)
         return super().build_connector_meta(scheduler_output)
 
@@ -108,6 +113,8 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             loaded = min(params.get("remote_num_tokens") or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if num_external_tokens > 0 and request.request_id in self._reqs_need_recv:
+            self._loading.add(request.request_id)
 
     def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
         """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
@@ -153,6 +160,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self, request: Request, block_ids: BlockIds
     ) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
+        self._loading.discard(request.request_id)
         request_params = request.kv_transfer_params or {}
         if delay_free and params is not None and params.get("do_remote_decode"):
             delay_free = self._retain(request, params, request_params)
@@ -165,6 +173,8 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         super().update_connector_output(connector_output)
         # Pulled, expired or released: the blocks are free either way.
         self._retained.difference_update(connector_output.finished_sending or ())
+        # Loaded or failed (a failed load is reported as finished too).
+        self._loading.difference_update(connector_output.finished_recving or ())
 
     def shutdown(self) -> None:
         if self._reporter is not None:
@@ -211,6 +221,23 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             logger.debug("Release of %s ignored: no blocks retained for it", req_id)
             return
         self._reqs_need_send[req_id] = time.perf_counter()
+
+
+def _idle_backoff(settings: ConnectorSettings) -> IdleBackoff:
+    """Long idle waits where new requests can cut them short, short sleeps elsewhere."""
+    requests = engine_input_queue()
+    if requests is None:
+        logger.info("Engine core's request queue not found: idle steps sleep %.0f ms at most",
+                    1000 * settings.idle_sleep_seconds)  # fmt: skip
+        return IdleBackoff(
+            grace_seconds=settings.idle_grace_seconds, sleep_seconds=settings.idle_sleep_seconds
+        )
+    return IdleBackoff(
+        grace_seconds=settings.idle_grace_seconds,
+        sleep_seconds=settings.idle_sleep_seconds,
+        max_wait_seconds=settings.idle_max_wait_seconds,
+        sleep=functools.partial(wait_for_input, requests),
+    )
 
 
 def _pulls_holding(params: dict[str, Any] | None) -> bool:

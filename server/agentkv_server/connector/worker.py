@@ -1,6 +1,6 @@
 """Worker half of ``AgentKVConnector``: NixlConnector's pull worker, made safe on CPU engines.
 
-Three changes to upstream:
+Four changes to upstream:
 
 * **Thread affinity.** On the CPU platform ``NixlBaseConnectorWorker.__init__`` calls
   ``os.sched_setaffinity(0, last_core_of_each_numa_node)`` to keep KV transfers off the cores
@@ -10,8 +10,10 @@ Three changes to upstream:
   the other engines' spinning threads, and a prefill engine can starve for minutes (the
   "stall" in DESIGN.md section 5). We restore the thread's own affinity after upstream's
   constructor; threads NIXL started meanwhile keep the reserved core, as upstream intends.
-* **Polling threads demoted.** NIXL's progress thread polls without pause, a core per engine
-  even when nothing moves; the native threads upstream's constructor starts are moved to
+* **Progress thread paced.** NIXL's progress thread polls without pause, a core per engine
+  even when nothing moves; the agent is built with a poll timeout (``progress.py``), so the
+  thread sleeps until UCX has an event, or ``nixl_progress_delay_us`` passes.
+* **Polling threads demoted.** The native threads upstream's constructor starts are moved to
   ``SCHED_IDLE`` (``demote_transfer_threads``), so they use only cores that forward passes
   leave idle.
 * **Pull deadline.** A read that is still in flight after ``pull_timeout_seconds`` is aborted
@@ -33,6 +35,7 @@ from agentkv_server.connector.affinity import (
 )
 from agentkv_server.connector.deadlines import Deadlines
 from agentkv_server.connector.log import get_logger
+from agentkv_server.connector.progress import nixl_progress_delay
 from agentkv_server.connector.settings import ConnectorSettings
 
 if TYPE_CHECKING:
@@ -47,8 +50,8 @@ logger = get_logger(__name__)
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
-    """NixlConnector's pull worker that keeps its thread's cores, yields the cores NIXL's
-    polling threads would take, and bounds every pull."""
+    """NixlConnector's pull worker that keeps its thread's cores, paces NIXL's polling thread,
+    and bounds every pull."""
 
     def __init__(
         self,
@@ -57,7 +60,11 @@ class AgentKVWorker(NixlPullConnectorWorker):
         kv_cache_config: KVCacheConfig,
         settings: ConnectorSettings,
     ) -> None:
-        with preserved_thread_affinity(), native_threads_started() as started:
+        with (
+            preserved_thread_affinity(),
+            native_threads_started() as started,
+            nixl_progress_delay(settings.nixl_progress_delay_us),
+        ):
             super().__init__(vllm_config, engine_id, kv_cache_config)
         if settings.demote_transfer_threads:
             demoted = demote_to_idle_priority(started)

@@ -13,6 +13,8 @@ def test_defaults_follow_upstream_ttl() -> None:
     assert settings.default_retention_seconds == settings.max_retention_seconds == 480.0
     assert settings.report_url is None
     assert (settings.idle_grace_seconds, settings.idle_sleep_seconds) == (0.1, 0.005)
+    assert settings.idle_max_wait_seconds == 30.0
+    assert settings.nixl_progress_delay_us == 10_000
 
 
 def test_upstream_ttl_sets_default_and_cap() -> None:
@@ -29,10 +31,13 @@ def test_agentkv_keys() -> None:
             "agentkv_pull_timeout_seconds": 5,
             "agentkv_idle_grace_ms": 250,
             "agentkv_idle_sleep_ms": 0,
+            "agentkv_idle_max_wait_ms": 2000,
+            "agentkv_nixl_progress_delay_us": 0,
         },
         environ={},
     )
     assert (settings.idle_grace_seconds, settings.idle_sleep_seconds) == (0.25, 0.0)
+    assert (settings.idle_max_wait_seconds, settings.nixl_progress_delay_us) == (2.0, 0)
     assert settings.max_retention_seconds == 900.0
     assert settings.report_url == "http://r:8000/internal/v1/kv-holdings"
     assert settings.secret == "s"
