@@ -72,6 +72,10 @@ async def test_short_follow_up_goes_local_and_long_tool_result_is_pulled(
         policy="agentkv",
         health_interval_s=3600.0,
         local={"max_new_tokens": MAX_NEW_TOKENS},
+        # The tiny model recomputes so fast that a learned model would rightly recompute its
+        # short histories (conftest.py); these priors, never refined (no step reaches
+        # min_sample_tokens), make the pull path the alternative to the local one.
+        cost={"prefill_tokens_per_s": 100.0, "min_sample_tokens": 1_000_000},
     )
     session = f"local-path-{time.time_ns()}"
     prompt = tokens(1, HISTORY)
