@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(pull every live holding)",
     )
     parser.add_argument(
+        "--no-local",
+        action="store_true",
+        help="never continue a turn on its decode holder (no prefill on decode engines): "
+        "pull or recompute only (docs/router.md, three paths)",
+    )
+    parser.add_argument(
         "--secret",
         help=f"shared secret for engines' holding reports (default ${SECRET_ENV}, else generated)",
     )
@@ -172,6 +178,8 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     }
     if timeouts:
         given["timeouts"] = timeouts
+    if getattr(args, "no_local", False):
+        given["local"] = {"enabled": False}
     if getattr(args, "api_keys", None):
         given["api_keys"] = args.api_keys
     source = f"settings (config file {args.config})" if from_file else "settings"
