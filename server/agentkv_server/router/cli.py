@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from agentkv_server.errors import ConfigError
 from agentkv_server.settings import Settings
 
-__all__ = ["add_arguments", "configure", "run", "settings_from_args"]
+__all__ = ["add_arguments", "configure", "is_loopback", "run", "settings_from_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             "turns' holdings (non-streamed turns still reuse)",
             SECRET_ENV,
         )
-    if not settings.api_keys and not _is_loopback(settings.host):
+    if not settings.api_keys and not is_loopback(settings.host):
         logger.warning(
             "listening on %s without --api-key: anyone who can reach it can use the engines "
             "(docs/security.md)",
@@ -153,7 +153,8 @@ def _split(keys: str) -> list[str]:
     return [key.strip() for key in keys.split(",") if key.strip()]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address) stays on this machine."""
     if host == "localhost":
         return True
     try:
