@@ -1,104 +1,67 @@
-"""``ChatOpenAI`` whose requests go through agentkv's tagged clients."""
+"""``ChatOpenAI`` whose requests go through agentkv's tagging HTTP clients."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import langchain_openai
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+import openai
 from pydantic import Field, model_validator
-from typing_extensions import Self
 
 import agentkv
-from agentkv_langchain._threads import active, session_for_run
 
-__all__ = ["ChatOpenAI"]
+__all__ = ["ChatOpenAI", "http_clients"]
 
-_RunManager = CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun
+
+def http_clients(
+    *,
+    agentkv_body: bool = True,
+    proxy: str | None = None,
+    http_client: Any = None,
+    http_async_client: Any = None,
+) -> dict[str, Any]:
+    """``http_client`` and ``http_async_client`` arguments that tag calls made in a session.
+
+    For chat models LangChain builds itself: ``init_chat_model("openai:m", **http_clients())``.
+    Your own clients are wrapped without being changed; missing ones are openai's defaults, with
+    ``proxy`` (what ``openai_proxy`` would be: LangChain takes one or the other).
+    """
+    options = {} if proxy is None else {"proxy": proxy}
+    sync = http_client or openai.DefaultHttpxClient(**options)
+    async_ = http_async_client or openai.DefaultAsyncHttpxClient(**options)
+    return {
+        "http_client": agentkv.http_client(sync, agentkv_body=agentkv_body),
+        "http_async_client": agentkv.async_http_client(async_, agentkv_body=agentkv_body),
+    }
 
 
 class ChatOpenAI(langchain_openai.ChatOpenAI):
-    """``langchain_openai.ChatOpenAI`` that tags every model call for the agentkv router.
+    """``langchain_openai.ChatOpenAI`` that tags every model call made in an agentkv session.
 
-    Takes every argument ``ChatOpenAI`` takes. The openai clients it builds are wrapped with
-    :func:`agentkv.wrap`, and each call runs in the active agentkv session or, when there is none,
-    in the session of its LangGraph thread (:func:`agentkv_langchain.thread_session`). Calls made
-    with neither are sent untagged.
+    Takes every argument ``ChatOpenAI`` takes. Its ``http_client`` and ``http_async_client``
+    (yours, wrapped without being changed, or openai's defaults) are agentkv's tagging clients
+    (:func:`agentkv.http_client`), so every call path LangChain takes (``invoke``, ``stream``,
+    ``bind_tools``, ``with_structured_output``, the Responses API) is tagged. A call belongs to the
+    active session or, without one, to its LangGraph thread's (see
+    :class:`agentkv_langchain.AgentKVCallbackHandler`); calls with neither are sent untagged.
     """
 
     agentkv_body: bool = Field(default=True, exclude=True)
     """False sends agentkv's hints as headers only (for servers that reject unknown fields)."""
 
-    @model_validator(mode="after")
-    def _send_through_agentkv(self) -> Self:
-        # Runs after ChatOpenAI's own validator has built the clients from the user's arguments.
-        if self.root_client is not None:
-            self.root_client = agentkv.wrap(self.root_client, agentkv_body=self.agentkv_body)
-            self.client = self.root_client.chat.completions
-        if self.root_async_client is not None:
-            self.root_async_client = agentkv.wrap(
-                self.root_async_client, agentkv_body=self.agentkv_body
-            )
-            self.async_client = self.root_async_client.chat.completions
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _send_through_agentkv(cls, values: Any) -> Any:
+        # Before ChatOpenAI's own validator builds the openai clients from these arguments.
+        if not isinstance(values, dict):
+            return values
+        given = {key: values.get(key) for key in ("http_client", "http_async_client")}
+        # LangChain refuses openai_proxy next to http clients: the proxy moves into ours.
+        proxy = None if any(given.values()) else values.pop("openai_proxy", None)
+        clients = http_clients(agentkv_body=values.get("agentkv_body", True), proxy=proxy, **given)
+        return {**values, **clients}
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        with active(_session(run_manager)):
-            return super()._generate(messages, stop, run_manager, **kwargs)
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        with active(_session(run_manager)):
-            return await super()._agenerate(messages, stop, run_manager, **kwargs)
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        session = _session(run_manager)
-        chunks = super()._stream(messages, stop, run_manager, **kwargs)
-        # Enter the session around each step, not across yields: the consumer may close this
-        # generator from another context, where leaving the session would fail.
-        while True:
-            with active(session):
-                chunk = next(chunks, None)
-            if chunk is None:
-                return
-            yield chunk
-
-    async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        session = _session(run_manager)
-        chunks = super()._astream(messages, stop, run_manager, **kwargs)
-        while True:
-            with active(session):
-                chunk = await anext(chunks, None)
-            if chunk is None:
-                return
-            yield chunk
-
-
-def _session(run_manager: _RunManager | None) -> agentkv.Session | None:
-    return session_for_run(run_manager.metadata if run_manager is not None else None)
+    @property
+    def _llm_type(self) -> str:
+        """``openai-chat`` as sent through agentkv (tracing tells the two apart)."""
+        return "agentkv-openai-chat"

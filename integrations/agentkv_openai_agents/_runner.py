@@ -2,80 +2,101 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any
 
 import agents
-from agents import Agent, RunHooks, RunResult, RunResultStreaming
+from agents import Agent, RunConfig, RunResult, RunResultStreaming, TResponseInputItem
 from agents.memory import Session as MemorySession
+from agents.run import RunOptions
+from agents.run_context import TContext
+from agents.run_state import RunState
+from typing_extensions import Unpack
 
 import agentkv
+from agentkv.adapters import SessionCache
 from agentkv_openai_agents._hooks import AgentKVHooks
 
-__all__ = ["Runner", "conversation_session"]
+__all__ = ["Runner", "conversation_session", "run_session"]
 
-# Sessions are remembered per conversation so that turn counts and predictions survive between
-# runs; the least recently used are forgotten beyond this many conversations.
-MAX_CONVERSATIONS: Final = 4096
+_conversations = SessionCache()
 
-_lock = threading.Lock()
-_sessions: OrderedDict[str, agentkv.Session] = OrderedDict()
+RunInput = str | list[TResponseInputItem] | RunState[TContext]
 
 
 class Runner(agents.Runner):
-    """``agents.Runner`` that runs each agent run as an agentkv session.
+    """``agents.Runner`` that runs each agent run as an agentkv session (see :func:`run_session`).
 
-    The session is the active one if there is one; else, for a run given a memory ``session``
-    (``SQLiteSession("user-42")``...), the agentkv session of that conversation (same id), so that
-    a conversation's runs share one; else a new one. Tool calls are timed by
+    Same methods and arguments as ``agents.Runner``. Tool calls are timed by
     :class:`AgentKVHooks`, which wraps the run's own ``hooks``. Model calls are tagged when the
-    model's client is an ``agentkv.AsyncOpenAI`` (or ``agentkv.wrap``-ped).
+    model's client tags: an ``agentkv.AsyncOpenAI`` (or ``agentkv.wrap``-ped) client, given to
+    ``OpenAIResponsesModel`` (the SDK's default), ``OpenAIChatCompletionsModel``,
+    ``OpenAIProvider`` or ``set_default_openai_client``.
     """
 
     @classmethod
-    async def run(  # type: ignore[override]
-        cls, starting_agent: Agent[Any], input: Any, **kwargs: Any
+    async def run(
+        cls,
+        starting_agent: Agent[TContext],
+        input: RunInput[TContext],
+        **kwargs: Unpack[RunOptions[TContext]],
     ) -> RunResult:
-        with _run_session(kwargs):
+        with run_session(kwargs):
             return await super().run(starting_agent, input, **_with_hooks(kwargs))
 
     @classmethod
-    def run_sync(  # type: ignore[override]
-        cls, starting_agent: Agent[Any], input: Any, **kwargs: Any
+    def run_sync(
+        cls,
+        starting_agent: Agent[TContext],
+        input: RunInput[TContext],
+        **kwargs: Unpack[RunOptions[TContext]],
     ) -> RunResult:
-        with _run_session(kwargs):
+        with run_session(kwargs):
             return super().run_sync(starting_agent, input, **_with_hooks(kwargs))
 
     @classmethod
-    def run_streamed(  # type: ignore[override]
-        cls, starting_agent: Agent[Any], input: Any, **kwargs: Any
+    def run_streamed(
+        cls,
+        starting_agent: Agent[TContext],
+        input: RunInput[TContext],
+        **kwargs: Unpack[RunOptions[TContext]],
     ) -> RunResultStreaming:
         # The run's background task copies this context when it is created, inside the session.
-        with _run_session(kwargs):
+        with run_session(kwargs):
             return super().run_streamed(starting_agent, input, **_with_hooks(kwargs))
 
 
-def conversation_session(memory: MemorySession) -> agentkv.Session:
-    """The agentkv session of an Agents SDK memory session (its id is ``memory.session_id``)."""
-    with _lock:
-        session = _sessions.get(memory.session_id)
-        if session is None:
-            session = _sessions[memory.session_id] = agentkv.session(memory.session_id)
-            if len(_sessions) > MAX_CONVERSATIONS:
-                _sessions.popitem(last=False)
-        else:
-            _sessions.move_to_end(memory.session_id)
-        return session
+def run_session(options: Mapping[str, Any]) -> agentkv.Session:
+    """The agentkv session of a run with these ``Runner`` options.
 
-
-def _run_session(kwargs: dict[str, Any]) -> agentkv.Session:
+    In order: the active session; the conversation of a memory ``session``
+    (``SQLiteSession("user-42")``: :func:`conversation_session`); the conversation named by
+    ``run_config.group_id`` (the SDK's id for one conversation's traces); else a new session.
+    Runs of one conversation share its session, so its turn count and prediction carry over.
+    """
     if (active := agentkv.current_session()) is not None:
         return active
-    memory = kwargs.get("session")
-    return conversation_session(memory) if memory is not None else agentkv.session()
+    memory: MemorySession | None = options.get("session")
+    if memory is not None:
+        return conversation_session(memory)
+    group_id = _group_id(options.get("run_config"))
+    return _conversations.get(group_id) if group_id else agentkv.session()
 
 
-def _with_hooks(kwargs: dict[str, Any]) -> dict[str, Any]:
-    hooks: RunHooks[Any] | None = kwargs.get("hooks")
-    return kwargs if isinstance(hooks, AgentKVHooks) else {**kwargs, "hooks": AgentKVHooks(hooks)}
+def conversation_session(memory: MemorySession) -> agentkv.Session:
+    """The agentkv session of an Agents SDK memory session (its id is ``memory.session_id``,
+    or a digest of it when that is no valid session id)."""
+    return _conversations.get(memory.session_id)
+
+
+def _group_id(run_config: RunConfig | Mapping[str, Any] | None) -> str | None:
+    if isinstance(run_config, Mapping):
+        return run_config.get("group_id")
+    return None if run_config is None else run_config.group_id
+
+
+def _with_hooks(options: RunOptions[TContext]) -> RunOptions[TContext]:
+    hooks = options.get("hooks")
+    if isinstance(hooks, AgentKVHooks):
+        return options
+    return {**options, "hooks": AgentKVHooks(hooks)}

@@ -1,46 +1,46 @@
-"""The choke point: ``create`` on the model-call resources, tagged inside a session.
+"""The choke point: a model request on its way to the server, tagged inside a session.
 
-Outside a session ``create`` is openai's own, untouched. Inside one, the call goes through
-openai's public ``with_raw_response`` so the router's response headers can be read, and the caller
-gets back exactly what openai's ``create`` returns (streams behind an observing proxy). Any
-failure of agentkv's own bookkeeping is logged and the user's call goes on.
+agentkv works on the HTTP request that openai (or a framework's openai client) is about to send:
+whatever call path built it (``create``, ``parse``, the ``stream()`` helpers, ``with_raw_response``,
+``with_streaming_response``, paths openai adds later), a ``POST`` to ``/chat/completions``,
+``/completions`` or ``/responses`` made inside a session is tagged, and its response is read as it
+goes by to record the turn. Any failure of agentkv's own bookkeeping is logged and the request goes
+on as it was.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
-from functools import cached_property
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Final, ParamSpec
 
-import openai
-
-from agentkv._proxy import Proxy
 from agentkv._results import finish_reason, kv_path, reused_tokens
 from agentkv._session import Session, TurnInfo, current_session
-from agentkv._streams import ObservedAsyncStream, ObservedStream
-from agentkv._tagging import TurnTags, is_tool_continuation, tag_request
+from agentkv._tagging import TurnTags, headers_to_add, is_tool_continuation, tag_body
 
-__all__ = ["AsyncTaggedResource", "ModelCall", "TaggedChat", "TaggedResource", "tag_resource"]
+__all__ = ["MODEL_CALL_PATHS", "ModelCall"]
 
 logger = logging.getLogger("agentkv")
 
 _P = ParamSpec("_P")
-_R = TypeVar("_R")
 
-_AnyClient = openai.OpenAI | openai.AsyncOpenAI
-_R_co = TypeVar("_R_co", covariant=True)
+MODEL_CALL_PATHS: Final = ("/chat/completions", "/completions", "/responses")
+"""Endpoints whose POST is a model call (``/responses/compact``, ``/responses/input_tokens``... are
+not: they end differently)."""
 
-
-class _RawResponse(Protocol[_R_co]):
-    """What ``with_raw_response.create`` returns: the parsed result plus the HTTP headers."""
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    def parse(self) -> _R_co: ...
+# openai numbers the attempts of one call; a retry repeats the attempt's turn instead of taking
+# a new one. Only the latest unanswered call of each session can be retried.
+_RETRY_COUNT_HEADER: Final = "x-stainless-retry-count"
+_unanswered_lock = threading.Lock()
+_unanswered: weakref.WeakKeyDictionary[Session, tuple[bytes, TurnTags]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _shielded(method: Callable[_P, None]) -> Callable[_P, None]:
@@ -57,69 +57,92 @@ def _shielded(method: Callable[_P, None]) -> Callable[_P, None]:
 
 
 class ModelCall:
-    """One model call inside a session, from its tags to the :class:`TurnInfo` it leaves."""
+    """One model call inside a session, from its tags to the :class:`TurnInfo` it leaves.
 
-    def __init__(self, session: Session, tags: TurnTags) -> None:
+    The response body is fed to it as it arrives (JSON, or server-sent events for a streamed
+    call); the turn is recorded once, when the body ends or is closed.
+    """
+
+    def __init__(self, session: Session, tags: TurnTags, *, streamed: bool) -> None:
         self._session = session
         self._tags = tags
+        self._streamed = streamed
         self._started_at = time.monotonic()
         self._first_chunk_at: float | None = None
         self._finish_reason: str | None = None
         self._headers: Mapping[str, str] = {}
+        self._pending = b""
         self._finished = False
 
     @classmethod
-    def start(
-        cls, kwargs: Mapping[str, Any], *, client: _AnyClient, send_body: bool
-    ) -> tuple[ModelCall, dict[str, Any]] | None:
-        """Tags a call in the current session; None (send it as is) without one or on failure."""
+    def start(cls, request: Any, *, send_body: bool) -> tuple[ModelCall, Any] | None:
+        """Tags ``request`` (an httpx request) in the current session.
+
+        Returns the call and the request to send, or None (send ``request`` as is) outside a
+        session, for requests that are no model call, or when tagging fails.
+        """
         session = current_session()
         if session is None:
             return None
         try:
-            tags = session._start_turn(tool_continuation=is_tool_continuation(kwargs))
-            tagged = tag_request(
-                kwargs, tags, send_body=send_body, preset_headers=client.default_headers
-            )
+            body = _model_call_body(request)
+            if body is None:
+                return None
+            tags = _turn_tags(session, request, body)
+            call = cls(session, tags, streamed=bool(body.get("stream")))
+            return call, _tagged_request(request, body, tags, send_body=send_body)
         except Exception:
             logger.exception("agentkv: could not tag a model call; sending it untagged")
             return None
-        return cls(session, tags), tagged
 
-    def result(self, raw: _RawResponse[_R]) -> _R:
-        """What openai's ``create`` would have returned for ``raw``, observed on its way out."""
-        parsed = raw.parse()
-        try:
-            return self._observe(raw.headers, parsed)
-        except Exception:
-            logger.exception("agentkv: could not observe a response; returning it untracked")
-            return parsed
-
-    def _observe(self, headers: Mapping[str, str], parsed: _R) -> _R:
-        self._headers = headers
-        if isinstance(parsed, openai.Stream):
-            return ObservedStream(parsed, self)  # type: ignore[return-value]
-        if isinstance(parsed, openai.AsyncStream):
-            return ObservedAsyncStream(parsed, self)  # type: ignore[return-value]
-        self._first_chunk_at = time.monotonic()
-        self._finish_reason = finish_reason(parsed)
-        self.finish()
-        return parsed
+    def responded(self, response: Any, *, body_read: bool) -> None:
+        """``response`` arrived; with ``body_read`` its whole body is in ``response.content``."""
+        if response.status_code >= 400:
+            return  # the call fails (or openai retries it): no turn to record
+        with _unanswered_lock:
+            _unanswered.pop(self._session, None)
+        self._headers = response.headers
+        if body_read:
+            self.chunk(response.content)
+            self.finish()
 
     @_shielded
-    def chunk(self, chunk: object) -> None:
+    def chunk(self, data: bytes) -> None:
+        """A piece of the response body arrived."""
+        if not self._streamed:
+            self._pending += data
+            return
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            self._event(line)
+
+    def _event(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        payload = line[len(b"data:") :].strip()
+        if payload == b"[DONE]" or not payload:
+            return
         if self._first_chunk_at is None:
             self._first_chunk_at = time.monotonic()
-        if reason := finish_reason(chunk):
+        self._note_finish_reason(json.loads(payload))
+
+    def _note_finish_reason(self, result: object) -> None:
+        if isinstance(result, Mapping) and (reason := finish_reason(result)):
             self._finish_reason = reason
 
     @_shielded
     def finish(self) -> None:
-        """Records the turn once: on completion, exhaustion, error or close."""
+        """Records the turn once: on the body's end, an error or a close."""
         if self._finished:
             return
         self._finished = True
         ended_at = time.monotonic()
+        if self._streamed:
+            self._event(self._pending.strip())
+        elif self._pending:
+            self._first_chunk_at = ended_at
+            self._note_finish_reason(json.loads(self._pending))
         ttft = None if self._first_chunk_at is None else self._first_chunk_at - self._started_at
         info = TurnInfo(
             turn=self._tags.turn,
@@ -133,102 +156,48 @@ class ModelCall:
         self._session._complete_turn(info, ended_at=ended_at)
 
 
-class _Tagged(Proxy[Any]):
-    def __init__(self, resource: Any, *, client: _AnyClient, send_body: bool) -> None:
-        super().__init__(resource)
-        self._agentkv_client = client
-        self._agentkv_send_body = send_body
-
-    def _agentkv_start(self, kwargs: Mapping[str, Any]) -> tuple[ModelCall, dict[str, Any]] | None:
-        return ModelCall.start(
-            kwargs, client=self._agentkv_client, send_body=self._agentkv_send_body
-        )
+def _model_call_body(request: Any) -> dict[str, Any] | None:
+    if request.method != "POST" or not request.url.path.endswith(MODEL_CALL_PATHS):
+        return None
+    body = json.loads(request.content)
+    return body if isinstance(body, dict) else None
 
 
-class _ObservedRawResponse(Proxy[Any]):
-    """openai's raw response, whose ``parse()`` returns the observed result."""
-
-    def __init__(self, raw: _RawResponse[Any], call: ModelCall) -> None:
-        super().__init__(raw)
-        self._agentkv_call = call
-
-    def parse(self, *args: Any, **kwargs: Any) -> Any:
-        return self._agentkv_call.result(self.__wrapped__)
-
-
-class TaggedRawResource(_Tagged):
-    """``<resource>.with_raw_response``: LangChain calls ``create`` through it."""
-
-    def create(self, *args: Any, **kwargs: Any) -> Any:
-        started = self._agentkv_start(kwargs)
-        if started is None:
-            return self.__wrapped__.create(*args, **kwargs)
-        call, tagged = started
-        return _ObservedRawResponse(self.__wrapped__.create(*args, **tagged), call)
+def _turn_tags(session: Session, request: Any, body: dict[str, Any]) -> TurnTags:
+    digest = hashlib.blake2b(request.content, digest_size=16).digest()
+    with _unanswered_lock:
+        if request.headers.get(_RETRY_COUNT_HEADER, "0") != "0":
+            earlier = _unanswered.get(session)
+            if earlier is not None and earlier[0] == digest:
+                return earlier[1]
+        tags = session._start_turn(tool_continuation=is_tool_continuation(body))
+        _unanswered[session] = (digest, tags)
+        return tags
 
 
-class AsyncTaggedRawResource(_Tagged):
-    """The async twin of :class:`TaggedRawResource`."""
-
-    async def create(self, *args: Any, **kwargs: Any) -> Any:
-        started = self._agentkv_start(kwargs)
-        if started is None:
-            return await self.__wrapped__.create(*args, **kwargs)
-        call, tagged = started
-        return _ObservedRawResponse(await self.__wrapped__.create(*args, **tagged), call)
-
-
-class TaggedResource(_Tagged):
-    """A sync model-call resource (``chat.completions``, ``completions``, ``responses``)."""
-
-    @cached_property
-    def with_raw_response(self) -> TaggedRawResource:
-        return TaggedRawResource(
-            self.__wrapped__.with_raw_response,
-            client=self._agentkv_client,
-            send_body=self._agentkv_send_body,
-        )
-
-    def create(self, *args: Any, **kwargs: Any) -> Any:
-        started = self._agentkv_start(kwargs)
-        if started is None:
-            return self.__wrapped__.create(*args, **kwargs)
-        call, tagged = started
-        return call.result(self.__wrapped__.with_raw_response.create(*args, **tagged))
+def _tagged_content(content: bytes, body: dict[str, Any], tags: TurnTags) -> bytes:
+    """The JSON body with the turn's fields; new top-level fields are spliced in before the
+    closing brace, so a long conversation is not serialized a second time."""
+    tagged = tag_body(body, tags)
+    if any(tagged[key] is not body[key] for key in body):  # a null field was filled in
+        return json.dumps(tagged).encode()
+    added = json.dumps({key: value for key, value in tagged.items() if key not in body})
+    end = content.rindex(b"}")
+    separator = b"," if body else b""
+    return content[:end] + separator + added[1:-1].encode() + content[end:]
 
 
-class AsyncTaggedResource(_Tagged):
-    """The async twin of :class:`TaggedResource`."""
-
-    @cached_property
-    def with_raw_response(self) -> AsyncTaggedRawResource:
-        return AsyncTaggedRawResource(
-            self.__wrapped__.with_raw_response,
-            client=self._agentkv_client,
-            send_body=self._agentkv_send_body,
-        )
-
-    async def create(self, *args: Any, **kwargs: Any) -> Any:
-        started = self._agentkv_start(kwargs)
-        if started is None:
-            return await self.__wrapped__.create(*args, **kwargs)
-        call, tagged = started
-        return call.result(await self.__wrapped__.with_raw_response.create(*args, **tagged))
-
-
-class TaggedChat(_Tagged):
-    """``client.chat``, whose ``completions`` is tagged."""
-
-    @cached_property
-    def completions(self) -> Any:
-        return tag_resource(
-            self.__wrapped__.completions,
-            client=self._agentkv_client,
-            send_body=self._agentkv_send_body,
-        )
-
-
-def tag_resource(resource: Any, *, client: _AnyClient, send_body: bool) -> _Tagged:
-    """Wraps a model-call resource of ``client`` so that its ``create`` is tagged."""
-    tagged_cls = AsyncTaggedResource if isinstance(client, openai.AsyncOpenAI) else TaggedResource
-    return tagged_cls(resource, client=client, send_body=send_body)
+def _tagged_request(request: Any, body: dict[str, Any], tags: TurnTags, *, send_body: bool) -> Any:
+    """A copy of ``request`` (httpx or httpx2) with the turn's headers and body fields added."""
+    headers = [
+        (name, value) for name, value in request.headers.multi_items() if name != "content-length"
+    ]
+    headers += list(headers_to_add(tags, request.headers.keys()).items())
+    content = _tagged_content(request.content, body, tags) if send_body else request.content
+    return type(request)(
+        request.method,
+        request.url,
+        headers=headers,
+        content=content,
+        extensions=request.extensions,
+    )

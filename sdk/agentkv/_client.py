@@ -1,23 +1,19 @@
 """Drop-in OpenAI clients whose model calls carry agentkv's session tags.
 
 Two ways in, one behaviour: :class:`OpenAI` / :class:`AsyncOpenAI` subclass openai's clients, and
-:func:`wrap` puts a forwarding proxy around a client built elsewhere (frameworks build their own).
-Only ``chat.completions``, ``completions`` and ``responses`` change, and only inside a session.
+:func:`wrap` copies a client built elsewhere (frameworks build their own). Both send through an
+HTTP client from ``agentkv._http``, where every call path's model requests are tagged, and only
+inside a session.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any, ClassVar, TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import openai
-from openai.resources import AsyncCompletions, Completions
-from openai.resources.chat import AsyncChat, Chat
-from openai.resources.responses import AsyncResponses, Responses
 from typing_extensions import Self
 
-from agentkv._calls import TaggedChat, tag_resource
-from agentkv._proxy import Proxy
+from agentkv import _http
 
 __all__ = ["AsyncOpenAI", "OpenAI", "wrap"]
 
@@ -28,28 +24,15 @@ class OpenAI(openai.OpenAI):
     """``openai.OpenAI`` whose model calls inside an :func:`agentkv.session` are tagged.
 
     Takes every argument ``openai.OpenAI`` takes, plus ``agentkv_body``: False sends the tags as
-    headers only, for servers that reject unknown body fields (api.openai.com).
+    headers only, for servers that reject unknown body fields (api.openai.com). An
+    ``http_client`` you pass is wrapped with :func:`agentkv.http_client`, not changed.
     """
 
-    _agentkv_tagged: ClassVar[bool] = True
-
-    def __init__(self, *, agentkv_body: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, agentkv_body: bool = True, http_client: Any = None, **kwargs: Any):
         self._agentkv_body = agentkv_body
-        super().__init__(**kwargs)
-
-    @cached_property
-    def chat(self) -> Chat:
-        return cast(Chat, TaggedChat(super().chat, client=self, send_body=self._agentkv_body))
-
-    @cached_property
-    def completions(self) -> Completions:
-        tagged = tag_resource(super().completions, client=self, send_body=self._agentkv_body)
-        return cast(Completions, tagged)
-
-    @cached_property
-    def responses(self) -> Responses:
-        tagged = tag_resource(super().responses, client=self, send_body=self._agentkv_body)
-        return cast(Responses, tagged)
+        super().__init__(
+            http_client=_http.http_client(http_client, agentkv_body=agentkv_body), **kwargs
+        )
 
     def copy(self, **kwargs: Any) -> Self:
         """``openai.OpenAI.copy`` that keeps ``agentkv_body``."""
@@ -64,64 +47,18 @@ class AsyncOpenAI(openai.AsyncOpenAI):
     Takes every argument ``openai.AsyncOpenAI`` takes, plus ``agentkv_body`` (see :class:`OpenAI`).
     """
 
-    _agentkv_tagged: ClassVar[bool] = True
-
-    def __init__(self, *, agentkv_body: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, agentkv_body: bool = True, http_client: Any = None, **kwargs: Any):
         self._agentkv_body = agentkv_body
-        super().__init__(**kwargs)
-
-    @cached_property
-    def chat(self) -> AsyncChat:
-        return cast(AsyncChat, TaggedChat(super().chat, client=self, send_body=self._agentkv_body))
-
-    @cached_property
-    def completions(self) -> AsyncCompletions:
-        tagged = tag_resource(super().completions, client=self, send_body=self._agentkv_body)
-        return cast(AsyncCompletions, tagged)
-
-    @cached_property
-    def responses(self) -> AsyncResponses:
-        tagged = tag_resource(super().responses, client=self, send_body=self._agentkv_body)
-        return cast(AsyncResponses, tagged)
+        super().__init__(
+            http_client=_http.async_http_client(http_client, agentkv_body=agentkv_body),
+            **kwargs,
+        )
 
     def copy(self, **kwargs: Any) -> Self:
         """``openai.AsyncOpenAI.copy`` that keeps ``agentkv_body``."""
         return super().copy(**_keep_body_option(kwargs, self._agentkv_body))
 
     with_options = copy
-
-
-class _WrappedClient(Proxy[Any]):
-    """A client built elsewhere, with its model calls tagged; everything else is forwarded."""
-
-    _agentkv_tagged: ClassVar[bool] = True
-
-    def __init__(self, client: openai.OpenAI | openai.AsyncOpenAI, *, agentkv_body: bool) -> None:
-        super().__init__(client)
-        self._agentkv_body = agentkv_body
-
-    @cached_property
-    def chat(self) -> Any:
-        return TaggedChat(
-            self.__wrapped__.chat, client=self.__wrapped__, send_body=self._agentkv_body
-        )
-
-    @cached_property
-    def completions(self) -> Any:
-        return self._agentkv_tag("completions")
-
-    @cached_property
-    def responses(self) -> Any:
-        return self._agentkv_tag("responses")
-
-    def copy(self, **kwargs: Any) -> Any:
-        return wrap(self.__wrapped__.copy(**kwargs), agentkv_body=self._agentkv_body)
-
-    with_options = copy
-
-    def _agentkv_tag(self, name: str) -> Any:
-        resource = getattr(self.__wrapped__, name)
-        return tag_resource(resource, client=self.__wrapped__, send_body=self._agentkv_body)
 
 
 @overload
@@ -133,18 +70,25 @@ def wrap(client: openai.AsyncOpenAI, *, agentkv_body: bool = True) -> openai.Asy
 
 
 def wrap(client: _ClientT, *, agentkv_body: bool = True) -> _ClientT:
-    """Returns ``client`` with its model calls tagged inside sessions; ``client`` is not changed.
+    """Returns a copy of ``client`` whose model calls inside sessions are tagged.
 
-    The result forwards every other attribute to ``client`` and passes ``isinstance`` checks for
-    its class. A client that is already tagged comes back as is (its calls are never tagged twice).
+    The copy is openai's own ``client.copy()`` (same class, options and connection pool) with its
+    HTTP client wrapped by :func:`agentkv.http_client`; ``client`` itself is not changed. A client
+    that already tags comes back as is (its calls are never tagged twice).
     """
-    if getattr(client, "_agentkv_tagged", False):
-        return client
     if not isinstance(client, (openai.OpenAI, openai.AsyncOpenAI)):
         raise TypeError(
             f"agentkv.wrap expects an openai.OpenAI or openai.AsyncOpenAI, got {client!r}"
         )
-    return cast(_ClientT, _WrappedClient(client, agentkv_body=agentkv_body))
+    # openai keeps the HTTP client in ``_client`` and offers no public getter; copy() shares it.
+    current = client._client
+    if _http.is_tagging(current):
+        return client
+    if isinstance(client, openai.AsyncOpenAI):
+        tagging = _http.async_http_client(current, agentkv_body=agentkv_body)
+    else:
+        tagging = _http.http_client(current, agentkv_body=agentkv_body)
+    return cast(_ClientT, client.copy(http_client=tagging))
 
 
 def _keep_body_option(copy_kwargs: dict[str, Any], agentkv_body: bool) -> dict[str, Any]:

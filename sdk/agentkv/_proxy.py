@@ -1,4 +1,4 @@
-"""A transparent stand-in for an openai object, so agentkv can observe it without patching it."""
+"""A transparent stand-in for an HTTP client, so agentkv can tag its requests without patching it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
-"""Reads what a response says about its turn: the router's headers and the finish reason."""
+"""Reads what a response says about its turn: the router's headers and the finish reason.
+
+Responses are read as the JSON the server sent (a whole body, or one server-sent event at a
+time), so every client and call path that reaches the server is read the same way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 from agentkv import protocol
 
@@ -21,29 +25,32 @@ def reused_tokens(headers: Mapping[str, str]) -> int | None:
     return int(value) if value is not None and value.strip().isdigit() else None
 
 
-def finish_reason(result: object) -> str | None:
+def finish_reason(result: Mapping[str, Any]) -> str | None:
     """The finish reason of a completion, a chunk, a Responses API response or stream event.
 
     ``tool_calls`` wins over other choices' reasons: a response that asks for a tool is followed by
     a tool step whatever its other choices did. A Responses API result that contains a function
     call counts as ``tool_calls`` too, so that both APIs feed the same prediction.
     """
-    choices = getattr(result, "choices", None)
+    choices = result.get("choices")
     if isinstance(choices, list):
         reasons = [
-            reason for choice in choices if (reason := getattr(choice, "finish_reason", None))
+            reason
+            for choice in choices
+            if isinstance(choice, Mapping) and (reason := choice.get("finish_reason"))
         ]
         return "tool_calls" if "tool_calls" in reasons else next(iter(reasons), None)
-    if getattr(result, "object", None) == "response":
+    if result.get("object") == "response":
         return _response_finish_reason(result)
-    if (response := getattr(result, "response", None)) is not None:
-        return finish_reason(response) if getattr(response, "object", None) == "response" else None
+    response = result.get("response")
+    if isinstance(response, Mapping) and response.get("object") == "response":
+        return _response_finish_reason(response)
     return None
 
 
-def _response_finish_reason(response: object) -> str | None:
-    output = getattr(response, "output", None) or ()
-    if any(getattr(item, "type", None) == "function_call" for item in output):
+def _response_finish_reason(response: Mapping[str, Any]) -> str | None:
+    output = response.get("output") or ()
+    if any(isinstance(item, Mapping) and item.get("type") == "function_call" for item in output):
         return "tool_calls"
-    status = getattr(response, "status", None)
+    status = response.get("status")
     return status if status in _TERMINAL_RESPONSE_STATUSES else None

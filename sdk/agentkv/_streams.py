@@ -1,90 +1,67 @@
-"""Stream proxies: the caller iterates openai's own stream, agentkv watches the chunks go by.
+"""Response body streams that show each piece to a :class:`ModelCall` as it passes.
 
-Nothing is buffered: each chunk is handed on as soon as openai yields it. The turn is finalized
-once, on exhaustion, on an error, or when the caller closes the stream (``with`` included).
+Nothing is buffered: each piece is handed on as soon as the transport yields it. The turn is
+recorded once, when the body is exhausted, fails, or is closed (``with`` included). The classes
+subclass the byte-stream bases of the HTTP library the response comes from (httpx, or httpx2 for
+openai 3.x), which check the stream's type.
 """
 
 from __future__ import annotations
 
-from types import TracebackType
+import functools
+import importlib
+from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-from openai import AsyncStream, Stream
-from typing_extensions import Self
-
-from agentkv._proxy import Proxy
 
 if TYPE_CHECKING:
     from agentkv._calls import ModelCall
 
-__all__ = ["ObservedAsyncStream", "ObservedStream"]
+__all__ = ["observe_body"]
 
 
-class ObservedStream(Proxy[Stream[Any]]):
-    """An ``openai.Stream`` that reports its chunks and its end to a :class:`ModelCall`."""
-
-    def __init__(self, stream: Stream[Any], call: ModelCall) -> None:
-        super().__init__(stream)
-        self._agentkv_call = call
-
-    def __iter__(self) -> Self:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            chunk = next(self.__wrapped__)
-        except BaseException:
-            self._agentkv_call.finish()
-            raise
-        self._agentkv_call.chunk(chunk)
-        return chunk
-
-    def close(self) -> None:
-        self._agentkv_call.finish()
-        self.__wrapped__.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+def observe_body(response: Any, call: ModelCall) -> None:
+    """Makes ``response`` (not read yet) feed its body to ``call`` as the caller reads it."""
+    http = importlib.import_module(type(response).__module__.partition(".")[0])
+    sync, async_ = _stream_classes(http)
+    observed = sync if isinstance(response.stream, http.SyncByteStream) else async_
+    response.stream = observed(response.stream, call)
 
 
-class ObservedAsyncStream(Proxy[AsyncStream[Any]]):
-    """An ``openai.AsyncStream`` that reports its chunks and its end to a :class:`ModelCall`."""
+@functools.cache
+def _stream_classes(http: ModuleType) -> tuple[type, type]:
+    class ObservedStream(http.SyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, stream: Any, call: ModelCall) -> None:
+            self._stream = stream
+            self._call = call
 
-    def __init__(self, stream: AsyncStream[Any], call: ModelCall) -> None:
-        super().__init__(stream)
-        self._agentkv_call = call
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                for data in self._stream:
+                    self._call.chunk(data)
+                    yield data
+            finally:
+                self._call.finish()
 
-    def __aiter__(self) -> Self:
-        return self
+        def close(self) -> None:
+            self._call.finish()
+            self._stream.close()
 
-    async def __anext__(self) -> Any:
-        try:
-            chunk = await self.__wrapped__.__anext__()
-        except BaseException:
-            self._agentkv_call.finish()
-            raise
-        self._agentkv_call.chunk(chunk)
-        return chunk
+    class ObservedAsyncStream(http.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, stream: Any, call: ModelCall) -> None:
+            self._stream = stream
+            self._call = call
 
-    async def close(self) -> None:
-        self._agentkv_call.finish()
-        await self.__wrapped__.close()
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for data in self._stream:
+                    self._call.chunk(data)
+                    yield data
+            finally:
+                self._call.finish()
 
-    async def __aenter__(self) -> Self:
-        return self
+        async def aclose(self) -> None:
+            self._call.finish()
+            await self._stream.aclose()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    return ObservedStream, ObservedAsyncStream

@@ -1,22 +1,19 @@
 """What a model call inside a session carries on the wire (docs/protocol.md section 2).
 
-Everything here is pure: it turns a turn's facts and the caller's keyword arguments into new
-keyword arguments for openai's ``create``, using only openai's public seams ``extra_headers`` and
-``extra_body``. Whatever the caller set wins over what agentkv would add.
+Everything here is pure: it turns a turn's facts and a request's JSON body and header names into
+what the request should carry. Whatever the caller set wins over what agentkv would add.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from openai import NotGiven, Omit
 
 from agentkv import protocol
 from agentkv._version import __version__
 
-__all__ = ["TurnTags", "is_tool_continuation", "tag_request"]
+__all__ = ["TurnTags", "headers_to_add", "is_tool_continuation", "tag_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,64 +51,35 @@ class TurnTags:
         return body
 
 
-def tag_request(
-    kwargs: Mapping[str, Any],
-    tags: TurnTags,
-    *,
-    send_body: bool,
-    preset_headers: Mapping[str, str],
-) -> dict[str, Any]:
-    """Returns ``kwargs`` plus the turn's headers and, with ``send_body``, its body fields.
+def headers_to_add(tags: TurnTags, present: Iterable[str]) -> dict[str, str]:
+    """The turn's headers whose names (compared case-insensitively) are not ``present`` yet."""
+    taken = {name.lower() for name in present}
+    return {name: value for name, value in tags.headers().items() if name not in taken}
 
-    ``preset_headers`` are the client's default headers: a name the caller already sets there or
-    in ``extra_headers`` (compared case-insensitively) is left alone.
+
+def tag_body(body: Mapping[str, Any], tags: TurnTags) -> dict[str, Any]:
+    """``body`` plus the turn's body object and the session id as ``prompt_cache_key``.
+
+    A field the caller set already (to anything but null) is left alone.
     """
-    caller_headers = _mapping(kwargs.get("extra_headers"), "extra_headers")
-    taken = {name.lower() for name in (*preset_headers, *caller_headers)}
-    ours = {name: value for name, value in tags.headers().items() if name not in taken}
-    tagged = {**kwargs, "extra_headers": {**ours, **caller_headers}}
-    if send_body:
-        tagged["extra_body"] = {
-            **_body_fields(kwargs, tags),
-            **_mapping(kwargs.get("extra_body"), "extra_body"),
-        }
+    tagged = dict(body)
+    if body.get(protocol.BODY_FIELD) is None:
+        tagged[protocol.BODY_FIELD] = tags.body()
+    # null counts as unset: frameworks forward None for options nobody configured.
+    if body.get(protocol.BODY_SESSION_ID) is None:
+        tagged[protocol.BODY_SESSION_ID] = tags.session_id
     return tagged
 
 
-def is_tool_continuation(kwargs: Mapping[str, Any]) -> bool:
+def is_tool_continuation(body: Mapping[str, Any]) -> bool:
     """True when the request's last input item is a tool result (chat or Responses API)."""
-    items = kwargs.get("messages", kwargs.get("input"))
-    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)) or not items:
+    items = body.get("messages", body.get("input"))
+    if not isinstance(items, list) or not items:
         return False
     last = items[-1]
-    return _field(last, "role") == "tool" or _field(last, "type") == "function_call_output"
-
-
-def _body_fields(kwargs: Mapping[str, Any], tags: TurnTags) -> dict[str, Any]:
-    fields: dict[str, Any] = {protocol.BODY_FIELD: tags.body()}
-    if not _is_set(kwargs.get(protocol.BODY_SESSION_ID)):
-        fields[protocol.BODY_SESSION_ID] = tags.session_id
-    return fields
-
-
-def _is_set(value: object) -> bool:
-    # None counts as unset: frameworks forward None for options nobody configured.
-    return value is not None and not isinstance(value, (NotGiven, Omit))
-
-
-def _mapping(value: object, name: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError(f"agentkv can only merge into a mapping {name}, got {type(value).__name__}")
-    return value
-
-
-def _field(item: object, name: str) -> object:
-    # Messages are usually TypedDicts, but callers also pass back openai's pydantic objects.
-    if isinstance(item, Mapping):
-        return item.get(name)
-    return getattr(item, name, None)
+    if not isinstance(last, Mapping):
+        return False
+    return last.get("role") == "tool" or last.get("type") == "function_call_output"
 
 
 def _flag(value: bool) -> str:

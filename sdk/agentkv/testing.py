@@ -2,7 +2,7 @@
 
     router = FakeRouter([Reply.tool_call("search", {"q": "kv"}), Reply("done")])
     client = agentkv.OpenAI(api_key="test", http_client=router.http_client())
-    ...
+    ...   # or, over real HTTP: with serve(router) as base_url: ...
     assert router.requests[0].headers["x-session-id"] == ...
 
 The fake answers ``/chat/completions``, ``/completions`` and ``/responses`` with OpenAI-shaped
@@ -12,18 +12,20 @@ agentkv router does (docs/protocol.md section 3) for requests that carry a sessi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import openai
 
 from agentkv import protocol
 
-__all__ = ["FakeRouter", "RecordedRequest", "Reply", "openai_httpx"]
+__all__ = ["FakeRouter", "RecordedRequest", "Reply", "openai_httpx", "serve"]
 
 # The HTTP library the installed openai is built on: httpx for openai 2.x, its fork httpx2 for 3.x.
 # Mock transports and clients handed to openai must come from that one.
@@ -88,7 +90,8 @@ class FakeRouter:
         events = _events_for(request.url.path)(reply, body.get("model", "fake"))
         headers = self._router_headers(request.headers)
         if body.get("stream"):
-            return openai_httpx.Response(200, headers=headers, content=_sse(events[:-1]))
+            sse = {**headers, "content-type": "text/event-stream"}
+            return openai_httpx.Response(200, headers=sse, stream=_EventStream(events[:-1]))
         return openai_httpx.Response(200, headers=headers, json=events[-1])
 
     def _router_headers(self, request_headers: openai_httpx.Headers) -> dict[str, str]:
@@ -102,9 +105,58 @@ class FakeRouter:
         }
 
 
-def _sse(events: list[dict[str, Any]]) -> bytes:
-    lines = [f"data: {json.dumps(event)}\n\n" for event in events]
-    return "".join([*lines, "data: [DONE]\n\n"]).encode()
+@contextlib.contextmanager
+def serve(router: FakeRouter) -> Iterator[str]:
+    """Serves ``router`` over real HTTP on 127.0.0.1 (for code that builds its own clients);
+    yields the ``/v1`` base URL to give them."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            content = self.rfile.read(int(self.headers.get("content-length") or 0))
+            request = openai_httpx.Request(
+                "POST",
+                f"http://fake{self.path}",
+                headers=list(self.headers.items()),
+                content=content,
+            )
+            response = router(request)
+            body = response.read()
+            self.send_response(response.status_code)
+            for name, value in response.headers.items():
+                if name.lower() != "content-length":
+                    self.send_header(name, value)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _EventStream(openai_httpx.SyncByteStream, openai_httpx.AsyncByteStream):
+    """A streamed body that yields one server-sent event at a time, to sync and async clients,
+    so that clients see a stream's events arrive one by one as they would from a server."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self._parts = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
+        self._parts.append(b"data: [DONE]\n\n")
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self._parts:
+            yield part
 
 
 def _events_for(path: str) -> Callable[[Reply, str], list[dict[str, Any]]]:

@@ -25,6 +25,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "server,bench",
         "measure multi-turn agent workloads per serving mode",
     ),
+    "plan": (
+        "agentkv_server.plan.cli",
+        "bench",
+        "predict follow-up TTFT on GPU nodes (a model, not a measurement)",
+    ),
     "build-model": (
         "agentkv_server.bundle.model_cli",
         "cpu",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
+from pydantic import BaseModel
 
 import agentkv
 from agentkv.testing import FakeRouter, Reply, openai_httpx
@@ -27,6 +29,19 @@ class LoopbackRouter(ThreadingHTTPServer):
         self.release.set()
         self.tail_sent = threading.Event()
 
+    @classmethod
+    @contextlib.contextmanager
+    def serving(cls, fake: FakeRouter) -> Iterator[LoopbackRouter]:
+        server = cls(fake)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        try:
+            yield server
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
     @property
     def base_url(self) -> str:
         host, port = self.server_address[:2]
@@ -42,6 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
             "POST", f"http://loopback{self.path}", headers=list(self.headers.items()), content=body
         )
         response = self.server.fake(request)
+        response.read()
         self.send_response(response.status_code)
         for name, value in response.headers.items():
             if name != "content-length":
@@ -61,13 +77,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def loopback() -> Iterator[LoopbackRouter]:
-    server = LoopbackRouter(FakeRouter([Reply.tool_call("weather"), Reply("18C")] * 4))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with LoopbackRouter.serving(
+        FakeRouter([Reply.tool_call("weather"), Reply("18C")] * 4)
+    ) as server:
+        yield server
 
 
 USER = {"role": "user", "content": "weather?"}
@@ -112,3 +125,53 @@ def test_first_chunk_arrives_before_the_server_sends_the_rest(loopback):
         rest = list(stream)
     assert first.choices[0].delta.tool_calls[0].function.name == "weather"
     assert rest[-1].choices[0].finish_reason == "tool_calls"
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: int
+
+
+def test_parse_stream_helper_and_streaming_response_over_a_socket():
+    """The call paths that bypass ``create``: tagged on a real socket, each its own turn."""
+    fake = FakeRouter([Reply('{"city": "Paris", "celsius": 18}')] * 4)
+    with LoopbackRouter.serving(fake) as server:
+        client = agentkv.OpenAI(api_key="test", base_url=server.base_url, max_retries=0)
+        with agentkv.session("loop-paths") as s:
+            parsed = client.chat.completions.parse(
+                model="m", messages=[USER], response_format=Weather
+            )
+            with client.chat.completions.stream(
+                model="m", messages=[USER], response_format=Weather
+            ) as stream:
+                streamed = stream.get_final_completion()
+            with client.chat.completions.with_streaming_response.create(
+                model="m", messages=[USER], stream=True
+            ) as response:
+                lines = [line for line in response.iter_lines() if line]
+            answer = client.responses.create(model="m", input="weather?")
+    assert parsed.choices[0].message.parsed == Weather(city="Paris", celsius=18)
+    assert streamed.choices[0].message.parsed == Weather(city="Paris", celsius=18)
+    assert lines[-1] == "data: [DONE]"
+    assert answer.output_text == '{"city": "Paris", "celsius": 18}'
+    wire = fake.requests
+    assert [r.path for r in wire] == ["/v1/chat/completions"] * 3 + ["/v1/responses"]
+    assert [r.headers["x-session-id"] for r in wire] == ["loop-paths"] * 4
+    assert [r.body["agentkv"]["turn"] for r in wire] == [1, 2, 3, 4]
+    assert [t.finish_reason for t in s.turns] == ["stop", "stop", "stop", "completed"]
+    assert {t.kv_path for t in s.turns} == {"reuse"}
+
+
+async def test_async_responses_stream_over_a_socket():
+    fake = FakeRouter([Reply.tool_call("weather", {"city": "Paris"})])
+    with LoopbackRouter.serving(fake) as server:
+        client = agentkv.AsyncOpenAI(api_key="test", base_url=server.base_url, max_retries=0)
+        async with agentkv.session("loop-responses") as s:
+            stream = await client.responses.create(model="m", input="weather?", stream=True)
+            events = [event.type async for event in stream]
+        await client.close()
+    assert events == ["response.created", "response.completed"]
+    (request,) = fake.requests
+    assert request.headers["x-session-id"] == "loop-responses"
+    assert request.body["prompt_cache_key"] == "loop-responses"
+    assert s.last_turn.finish_reason == "tool_calls" and s.last_turn.kv_path == "reuse"

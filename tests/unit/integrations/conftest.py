@@ -2,7 +2,8 @@
 
 The fake answers like a model that calls a tool ``tool_rounds`` times after each user message and
 then replies in text (at once when ``tool_choice`` is ``none``, never when it is ``required`` or
-names a function), in JSON or as an SSE stream, and records what reached the wire. Requests with
+names a function; with a JSON schema response format, a sample of the schema), in JSON or as an
+SSE stream, and records what reached the wire. Requests with
 a session id get the router's answer headers. Tests reach it in-process through
 ``httpx.MockTransport`` (``http_client`` fixtures) or over loopback (``loopback_url``), which is
 how the examples, run as subprocesses, see it.
@@ -91,6 +92,10 @@ class FakeOpenAI:
         return httpx.Response(200, json=_completion(message), headers=headers)
 
     def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        response_format = body.get("response_format") or {}
+        if response_format.get("type") == "json_schema":
+            sample = _arguments(response_format["json_schema"]["schema"])
+            return {"role": "assistant", "content": json.dumps(sample)}
         tools = body.get("tools") or []
         choice = body.get("tool_choice")
         rounds = _tool_results_since_user(body["messages"])

@@ -123,3 +123,36 @@ def test_importing_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ImportError, match=r"pip install 'agentkv\[llamaindex\]'"):
         importlib.import_module("agentkv_llamaindex")
     assert agentkv_llamaindex.OpenAILike is OpenAILike
+
+
+async def test_the_workflows_own_run_carries_the_context_session(llm: OpenAILike, server) -> None:
+    """No wrapper: ``agent.run`` started inside the context's session is that session."""
+    agent = FunctionAgent(tools=TOOLS, llm=llm)
+    ctx = Context(agent)
+
+    with context_session(ctx):
+        handler = agent.run(user_msg="add 2 and 2", ctx=ctx)
+    await handler  # awaited outside the block: the run's tasks copied the session at start
+    first = list(server.requests)
+    server.requests.clear()
+    with context_session(ctx):
+        await agent.run(user_msg="and the weather?", ctx=ctx)
+
+    session_id = server.check_tool_loop(first, session_id=context_session(ctx).id)
+    server.check_tool_loop(server.requests, session_id=session_id, first_turn=len(first) + 1)
+
+
+async def test_tool_calls_are_timed_through_instrumentation(
+    llm: OpenAILike, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        agentkv.Session, "record_tool_time", lambda self, s: timed.append((self.id, s))
+    )
+
+    async with agentkv.session("timed-run"):
+        await FunctionAgent(tools=TOOLS, llm=llm).run(user_msg="add 2 and 2")
+
+    server.check_tool_loop(server.requests, session_id="timed-run")
+    assert [session_id for session_id, _ in timed] == ["timed-run"] * 2  # one per tool call
+    assert all(seconds >= 0 for _, seconds in timed)

@@ -11,6 +11,7 @@ import pytest
 from agents import (
     Agent,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     RunConfig,
     RunContextWrapper,
     RunHooks,
@@ -18,10 +19,12 @@ from agents import (
     Tool,
     function_tool,
 )
+from agents.lifecycle import RunHooksBase
 
 import agentkv
 import agentkv_openai_agents
-from agentkv_openai_agents import AgentKVHooks, Runner, conversation_session
+from agentkv.testing import FakeRouter, Reply, serve
+from agentkv_openai_agents import AgentKVHooks, Runner, conversation_session, run_session
 
 NO_TRACING = RunConfig(tracing_disabled=True)
 
@@ -127,3 +130,67 @@ def test_importing_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ImportError, match=r"pip install 'agentkv\[agents\]'"):
         importlib.import_module("agentkv_openai_agents")
     assert agentkv_openai_agents.Runner is Runner
+
+
+def responses_agent(base_url: str) -> Agent[Any]:
+    """An agent on the SDK's default model class, the Responses API one."""
+    client = agentkv.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+    model = OpenAIResponsesModel(model="agentkv-fake", openai_client=client)
+    return Agent(name="calc", instructions="Use the tools.", model=model, tools=[add])
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_the_default_responses_model_carries_the_session_over_loopback(
+    streamed: bool,
+) -> None:
+    router = FakeRouter([Reply.tool_call("add", {"a": 2, "b": 2}), Reply("4")])
+    with serve(router) as base_url:
+        group_id = f"conversation-{'streamed' if streamed else 'run'}"
+        config = RunConfig(tracing_disabled=True, group_id=group_id)
+        if streamed:
+            result = Runner.run_streamed(responses_agent(base_url), "add", run_config=config)
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await Runner.run(responses_agent(base_url), "add", run_config=config)
+
+    assert result.final_output == "4"
+    wire = router.requests
+    assert [r.path for r in wire] == ["/v1/responses"] * 2
+    assert [r.headers["x-session-id"] for r in wire] == [group_id] * 2
+    assert [r.headers["x-agentkv-turn"] for r in wire] == ["1", "2"]
+    assert [r.headers["x-agentkv-tool-continuation"] for r in wire] == ["0", "1"]
+    assert all(r.body["prompt_cache_key"] == group_id for r in wire)
+    turns = run_session({"run_config": config}).turns
+    assert [t.finish_reason for t in turns] == ["tool_calls", "completed"]
+    assert turns[-1].kv_path == "reuse"
+
+
+async def test_group_id_is_one_session_across_runs(
+    async_http_client: httpx.AsyncClient, server
+) -> None:
+    agent = make_agent(async_http_client)
+    config = RunConfig(tracing_disabled=True, group_id="thread 9")  # no valid session id
+
+    await Runner.run(agent, "add 2 and 2", run_config=config)
+    first = list(server.requests)
+    server.requests.clear()
+    await Runner.run(agent, "add 3 and 3", run_config={"group_id": "thread 9"})
+
+    session_id = server.check_tool_loop(first)
+    assert session_id == run_session({"run_config": config}).id
+    server.check_tool_loop(server.requests, session_id=session_id, first_turn=len(first) + 1)
+
+
+async def test_callbacks_agentkv_does_not_handle_reach_the_inner_hooks_as_they_are() -> None:
+    class FutureHooks(RunHooks[Any]):
+        async def on_something_new(self, value: int) -> int:  # an event a later SDK might add
+            return value + 1
+
+    inner = FutureHooks()
+    hooks = AgentKVHooks(inner)
+
+    assert isinstance(hooks, RunHooksBase)
+    assert await hooks.on_something_new(1) == 2
+    assert hooks.on_llm_start == inner.on_llm_start
+    assert hooks.on_agent_end == inner.on_agent_end

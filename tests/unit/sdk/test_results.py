@@ -1,11 +1,9 @@
-from types import SimpleNamespace as Obj
-
 from agentkv._results import finish_reason, kv_path, reused_tokens
 from agentkv.testing import openai_httpx
 
 
 def choices(*reasons):
-    return Obj(choices=[Obj(finish_reason=reason) for reason in reasons])
+    return {"choices": [{"index": i, "finish_reason": r} for i, r in enumerate(reasons)]}
 
 
 def test_chat_finish_reasons():
@@ -15,14 +13,14 @@ def test_chat_finish_reasons():
 
 
 def test_responses_api_finish_reasons():
-    text = Obj(object="response", status="completed", output=[Obj(type="message")])
-    tool = Obj(object="response", status="completed", output=[Obj(type="function_call")])
-    running = Obj(object="response", status="in_progress", output=[])
+    text = {"object": "response", "status": "completed", "output": [{"type": "message"}]}
+    tool = {"object": "response", "status": "completed", "output": [{"type": "function_call"}]}
+    running = {"object": "response", "status": "in_progress", "output": []}
     assert finish_reason(text) == "completed"
     assert finish_reason(tool) == "tool_calls"
-    assert finish_reason(Obj(type="response.created", response=running)) is None
-    assert finish_reason(Obj(type="response.completed", response=tool)) == "tool_calls"
-    assert finish_reason(Obj(type="response.output_text.delta", delta="x")) is None
+    assert finish_reason({"type": "response.created", "response": running}) is None
+    assert finish_reason({"type": "response.completed", "response": tool}) == "tool_calls"
+    assert finish_reason({"type": "response.output_text.delta", "delta": "x"}) is None
 
 
 def test_router_headers():
