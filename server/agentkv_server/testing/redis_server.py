@@ -47,7 +47,10 @@ class RedisServer:
         """Start serving and return once it answers PING."""
         self._process = subprocess.Popen(
             [*self._wrapper, self._binary, "--port", str(self.port), "--bind", self.host]
-            + ["--save", "", "--appendonly", "no"],
+            + ["--save", "", "--appendonly", "no"]
+            # Without a password Redis answers only loopback clients unless told otherwise: a
+            # server on a test host's address serves the other test hosts.
+            + ["--protected-mode", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
