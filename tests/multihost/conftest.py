@@ -203,11 +203,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             engine.start()
         for engine in engines:
             engine.wait_healthy(START_TIMEOUT_S)
-        for host in router_hosts:
-            router = router_process(host, redis.url, specs, logs, secret)
-            processes.append(router)
+        routers_started = [router_process(h, redis.url, specs, logs, secret) for h in router_hosts]
+        processes += routers_started
+        for router in routers_started:
             router.start()
-            router.wait_healthy(60)
+        for router in routers_started:
+            router.wait_healthy(START_TIMEOUT_S)
         yield Cluster(
             network=network,
             routers=routers,
