@@ -30,10 +30,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The fast tiers first, then the engine tier, and within it the tests that kill engines
     last. The shared stack lives until the run ends and its engines keep stepping while they
     hold KV (docs/engines.md), so nothing may run after it but engine tests; a killed holder
-    may leave a request parked on the prefill engine, so those tests come last of all."""
+    may leave a request parked on the prefill engine, so those tests come last of all. The
+    multi-host tier (engine tests too) runs before the stack starts: its engines are gone by
+    then, never more engines at once than the machine's memory holds."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("engine") is not None,
+            item.get_closest_marker("multihost") is None,
             item.get_closest_marker("kills_engines") is not None,
         )
     )

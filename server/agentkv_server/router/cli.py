@@ -30,6 +30,7 @@ __all__ = [
     "LOG_FORMAT",
     "add_arguments",
     "configure",
+    "is_loopback",
     "run",
     "settings_from_args",
 ]
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "turns' holdings (non-streamed turns still reuse)",
             SECRET_ENV,
         )
-    if not settings.api_keys and not _is_loopback(settings.host):
+    if not settings.api_keys and not is_loopback(settings.host):
         logger.warning(
             "listening on %s without --api-key: anyone who can reach it can use the engines "
             "(docs/security.md)",
@@ -227,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address) stays on this machine."""
     if host == "localhost":
         return True
     try:
