@@ -2,17 +2,19 @@
 
 The multi-host test tier starts agentkv's processes inside these hosts so that every address,
 port and UCX device that crosses a host boundary is a real one. Needs root and ``ip``
-(iproute2). Every namespace and link is named ``akmh<pid>-...``, so that a run removes what
-an earlier, killed run left behind (its pid no longer lives) and never what a concurrent run
-still uses.
+(iproute2). Every namespace and link is named ``akmh<pid><letter>-...`` (one letter per network of
+the process), so that a run removes what an earlier, killed run left behind (its pid no longer
+lives) and never what a concurrent run, or another network of the same run, still uses.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import re
 import shutil
+import string
 import subprocess
 from dataclasses import dataclass
 
@@ -21,7 +23,9 @@ from typing_extensions import Self
 __all__ = ["PREFIX", "Host", "Network", "netns_available", "our_leftovers", "remove_stale"]
 
 PREFIX = "akmh"
-_NAME = re.compile(rf"^{PREFIX}(\d+)-")
+_NAME = re.compile(rf"^{PREFIX}(\d+)[a-z]-")
+# Interface names hold at most 15 characters: akmh + a 7-digit pid + a letter + "-br" fits.
+_NETWORK_LETTERS = itertools.cycle(string.ascii_lowercase)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Network:
 
     def __init__(self, subnet: str = "10.77.0.0/24") -> None:
         self.subnet = ipaddress.ip_network(subnet)
-        self.tag = f"{PREFIX}{os.getpid()}"
+        self.tag = f"{PREFIX}{os.getpid()}{next(_NETWORK_LETTERS)}"
         self.bridge = f"{self.tag}-br"
         self.gateway = str(self.subnet[-2])  # this namespace's address on the bridge
         self.hosts: dict[str, Host] = {}
