@@ -14,7 +14,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -31,8 +31,10 @@ from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
 from agentkv_server.errors import ConfigError
+from agentkv_server.wire import ENV_PREFIX
 
 __all__ = [
+    "POLICY_NAMES",
     "CostModelSettings",
     "FaultSettings",
     "LocalPathSettings",
@@ -45,10 +47,10 @@ __all__ = [
     "read_config_file",
 ]
 
-ENV_PREFIX = "AGENTKV_"
 """``AGENTKV_<FIELD>`` sets a field; ``__`` reaches into a group: ``AGENTKV_RETENTION__MAX_S``."""
 
 PolicyName = Literal["agentkv", "upstream", "never", "always"]
+POLICY_NAMES: Final[tuple[PolicyName, ...]] = get_args(PolicyName)
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
 ``never``: always recompute (the benchmark's baseline)."""
 

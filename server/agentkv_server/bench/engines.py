@@ -22,7 +22,8 @@ from agentkv_server.bench.modes import Deployment
 from agentkv_server.bundle.launcher import EngineProcess, EngineSpec, Role
 from agentkv_server.bundle.model import resolve_model
 from agentkv_server.bundle.ports import free_ports
-from agentkv_server.bundle.stack import ROUTER_URL_ENV, SECRET_ENV, core_layout
+from agentkv_server.bundle.stack import core_layout
+from agentkv_server.wire import ROUTER_URL_ENV, SECRET_ENV
 
 __all__ = ["ENGINE_ARGS", "local_engines"]
 

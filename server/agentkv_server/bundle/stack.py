@@ -33,7 +33,14 @@ from agentkv_server.bundle.model import Dtype, is_test_model, resolve_model, too
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
-from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
+from agentkv_server.wire import (
+    API_KEYS_ENV,
+    CLIENT_BASE_URL_ENV,
+    CLIENT_LOGIT_BIAS_ENV,
+    CLIENT_MODEL_ENV,
+    ROUTER_URL_ENV,
+    SECRET_ENV,
+)
 
 __all__ = ["Stack", "StackConfig", "core_layout"]
 
@@ -42,13 +49,6 @@ logger = logging.getLogger(__name__)
 # Starts per engine when its ports turn out to be taken (another program bound one between
 # our check and the engine's bind): each retry takes other ports.
 PORT_ATTEMPTS = 3
-
-ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
-# What the examples read (examples/_common.py): where to send requests, and for a random-weight
-# test model the logit_bias that lets it write complete tool calls (a real model needs none).
-CLIENT_BASE_URL_ENV = "AGENTKV_BASE_URL"
-CLIENT_MODEL_ENV = "AGENTKV_MODEL"
-CLIENT_LOGIT_BIAS_ENV = "AGENTKV_TOOL_LOGIT_BIAS"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from agentkv_server import wire
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
@@ -125,12 +126,7 @@ class HoldingKeeper:
         request_ids = holding.request_ids()
         if not self._releases_enabled or not request_ids:
             return False
-        body = {
-            "model": holding.model,
-            "prompt": ".",
-            "max_tokens": 1,
-            "kv_transfer_params": {"agentkv_release": request_ids},
-        }
+        body = wire.release_body(holding.model, request_ids)
         try:
             async with self._http.post(
                 f"{holding.decode_url}/v1/completions", json=body, timeout=self._release_timeout

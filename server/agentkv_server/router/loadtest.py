@@ -52,7 +52,7 @@ from tenacity import (
 )
 
 from agentkv import protocol
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
+from agentkv_server import wire
 from agentkv_server.testing.harness import conversation
 from agentkv_server.testing.workload import Send, WorkloadReport, run_sessions
 
@@ -282,10 +282,11 @@ def _direct_sender(http: aiohttp.ClientSession, prefill_url: str, decode_url: st
     path = "/v1/chat/completions"
 
     async def send(session: str, body: dict) -> tuple[int, dict[str, str], object]:
-        prefill = {**body, "max_tokens": 1, "kv_transfer_params": COLD_PREFILL_PARAMS}
+        prefill = {**body, "max_tokens": 1, wire.KV_TRANSFER_PARAMS: wire.cold_prefill_params()}
         async with http.post(prefill_url + path, json=prefill) as response:
-            params = (await response.json())["kv_transfer_params"]
-        decode = {**body, "kv_transfer_params": {**params, "agentkv_retention_seconds": 0}}
+            params = (await response.json())[wire.KV_TRANSFER_PARAMS]
+        params = wire.decode_params(params, retention_s=0, ticket=None)
+        decode = {**body, wire.KV_TRANSFER_PARAMS: params}
         async with http.post(decode_url + path, json=decode) as response:
             return response.status, dict(response.headers), await response.json()
 

@@ -34,6 +34,7 @@ import aiohttp
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import StreamEditor, WireFormat, wire_format
 from agentkv_server.router.holdings import HoldingKeeper
@@ -47,18 +48,9 @@ from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_str
 from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings
 
-__all__ = ["COLD_PREFILL_PARAMS", "Orchestrator"]
+__all__ = ["Orchestrator"]
 
 logger = logging.getLogger(__name__)
-
-COLD_PREFILL_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 @dataclass
@@ -313,7 +305,7 @@ class Orchestrator:
                     excluded.append(engine)
                 continue
             self._account_prefill(turn, answer, time.monotonic() - began)
-            params = answer.get("kv_transfer_params")
+            params = answer.get(wire.KV_TRANSFER_PARAMS)
             turn.prefill_params = params if isinstance(params, dict) else {}
             return
         if turn.reuse:
@@ -321,8 +313,8 @@ class Orchestrator:
 
     def _prefill_params(self, turn: _Turn) -> dict[str, Any]:
         if turn.reuse and turn.holding is not None:
-            return {**turn.holding.params, "do_remote_decode": True}
-        return dict(COLD_PREFILL_PARAMS)
+            return wire.pull_prefill_params(turn.holding.params)
+        return wire.cold_prefill_params()
 
     def _account_prefill(self, turn: _Turn, answer: dict[str, Any], seconds: float) -> None:
         """Reused and computed tokens from P's usage, and a rate sample for the policy.
@@ -394,14 +386,15 @@ class Orchestrator:
         return ticket.ticket
 
     def _decode_body(self, turn: _Turn, retention_s: float, ticket: str | None) -> dict[str, Any]:
-        params = dict(turn.prefill_params or {})
-        if self._policy.sends_hints:
-            params["agentkv_retention_seconds"] = retention_s
-            if ticket is not None:
-                params["agentkv_ticket"] = ticket
+        hints = self._policy.sends_hints
+        params = wire.decode_params(
+            turn.prefill_params,
+            retention_s=retention_s if hints else None,
+            ticket=ticket if hints else None,
+        )
         if not params:
             return turn.request.body
-        return {**turn.request.body, "kv_transfer_params": params}
+        return {**turn.request.body, wire.KV_TRANSFER_PARAMS: params}
 
     async def _complete(
         self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
@@ -423,7 +416,7 @@ class Orchestrator:
         if turn.local:
             self._account_local(turn, answer)
         self._record_turn(turn)
-        params = answer.pop("kv_transfer_params", None)
+        params = answer.pop(wire.KV_TRANSFER_PARAMS, None)
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
         _log_breakdown(turn)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from agentkv_server import wire
+
 __all__ = [
     "Holding",
     "InMemoryStore",
@@ -48,7 +50,7 @@ class Holding:
 
     def request_ids(self) -> list[str]:
         """The engine-side request ids whose blocks a release frees."""
-        request_id = self.params.get("remote_request_id")
+        request_id = self.params.get(wire.REMOTE_REQUEST_ID)
         return [request_id] if isinstance(request_id, str) else []
 
     def to_json(self) -> str:
@@ -86,10 +88,10 @@ def holding_from_params(
     Expiry is the engine's own ``agentkv_expires_in_seconds`` when it reports one (an upstream
     engine does not: then the retention the router asked for), minus a safety margin.
     """
-    num_tokens = params.get("remote_num_tokens")
+    num_tokens = params.get(wire.REMOTE_NUM_TOKENS)
     if not isinstance(num_tokens, int) or num_tokens <= 0:
         return None
-    expires_in = params.get("agentkv_expires_in_seconds")
+    expires_in = params.get(wire.EXPIRES_IN_SECONDS)
     if not isinstance(expires_in, (int, float)) or isinstance(expires_in, bool):
         expires_in = ticket.retention_s
     expires_at = now + float(expires_in) - safety_margin_s

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentkv_server.router.app import HEADER_SECRET, REPORT_PATH, RouterState, create_app
+from agentkv_server import wire
+from agentkv_server.router.app import RouterState, create_app
 from agentkv_server.router.sessions import SessionStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing.stub_engine import StubCluster, StubEngine
@@ -89,7 +90,7 @@ class InProcessRouter:
     async def report(self, payload: dict[str, Any]) -> None:
         """Deliver a stub engine's holding report to this app, as a connector would."""
         response = await self.client.post(
-            REPORT_PATH, json=payload, headers={HEADER_SECRET: self.secret}
+            wire.REPORT_PATH, json=payload, headers={wire.SECRET_HEADER: self.secret}
         )
         response.raise_for_status()
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from agentkv_server import wire
 from agentkv_server.testing.stub_shapes import (
     MAX_TOKENS,
     answer_body,
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 Reporter = Callable[[dict[str, Any]], Awaitable[None]]
-"""Receives ``{"ticket": str, "kv_transfer_params": dict}`` when a ticketed request finishes."""
+"""Receives ``wire.holding_report(ticket, params)`` when a ticketed request finishes."""
 
 Fault = Literal["error", "bad_request", "disconnect", "hang"]
 """What the next completion request suffers: HTTP 500, HTTP 400, a dropped connection, or no
@@ -76,11 +77,11 @@ class RecordedRequest:
 
     @property
     def kv_params(self) -> dict[str, Any]:
-        return self.body.get("kv_transfer_params") or {}
+        return self.body.get(wire.KV_TRANSFER_PARAMS) or {}
 
     @property
     def is_prefill(self) -> bool:
-        return bool(self.kv_params.get("do_remote_decode"))
+        return bool(self.kv_params.get(wire.DO_REMOTE_DECODE))
 
 
 @dataclass
@@ -132,8 +133,7 @@ class StubEngine:
         return [
             r
             for r in self.requests
-            if r.path.endswith(("completions", "responses"))
-            and "agentkv_release" not in r.kv_params
+            if r.path.endswith(("completions", "responses")) and wire.RELEASE not in r.kv_params
         ]
 
     async def start(self, port: int = 0) -> None:
@@ -212,10 +212,10 @@ class StubEngine:
                 return faulted
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        params = body.get("kv_transfer_params") or {}
-        if "agentkv_release" in params:
-            return self._release(params["agentkv_release"], body)
-        if params.get("do_remote_decode"):
+        params = body.get(wire.KV_TRANSFER_PARAMS) or {}
+        if wire.RELEASE in params:
+            return self._release(params[wire.RELEASE], body)
+        if params.get(wire.DO_REMOTE_DECODE):
             return await self._prefill(body, params)
         return await self._decode(request, body, params)
 
@@ -250,13 +250,13 @@ class StubEngine:
         self.generation_tokens_total += 1
         request_id = f"p-{uuid.uuid4().hex}"
         params = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": request_id,
-            "remote_block_ids": list(range(-(-prompt_tokens // _BLOCK_TOKENS))),
-            "remote_host": "127.0.0.1",
-            "remote_port": self.port,
+            wire.DO_REMOTE_PREFILL: True,
+            wire.DO_REMOTE_DECODE: False,
+            wire.REMOTE_ENGINE_ID: self.engine_id,
+            wire.REMOTE_REQUEST_ID: request_id,
+            wire.REMOTE_BLOCK_IDS: list(range(-(-prompt_tokens // _BLOCK_TOKENS))),
+            wire.REMOTE_HOST: "127.0.0.1",
+            wire.REMOTE_PORT: self.port,
             "tp_size": 1,
         }
         cached_reported = cached if self.report_cached_tokens else None
@@ -266,8 +266,8 @@ class StubEngine:
 
     def _pull(self, params: dict[str, Any]) -> int:
         """Tokens pulled from the holder the params name; 0 (recompute) when it is gone."""
-        holder = self.cluster.by_engine_id(params.get("remote_engine_id"))
-        request_id = params.get("remote_request_id")
+        holder = self.cluster.by_engine_id(params.get(wire.REMOTE_ENGINE_ID))
+        request_id = params.get(wire.REMOTE_REQUEST_ID)
         if holder is None or not holder.running or not isinstance(request_id, str):
             return 0
         entry = holder.retained.pop(request_id, None)
@@ -281,14 +281,14 @@ class StubEngine:
     ) -> web.StreamResponse:
         prompt_tokens = count_prompt_tokens(body)
         cached = 0
-        if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
+        if not params.get(wire.DO_REMOTE_PREFILL):  # decode-only serving prefills locally
             cached = self._prefix_hit(prompt_tokens)
             await self._compute(prompt_tokens - cached)
         n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
-        ticket = params.get("agentkv_ticket")
+        ticket = params.get(wire.TICKET)
         if body.get("stream"):
             response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
         else:
@@ -296,7 +296,7 @@ class StubEngine:
             answer = answer_body(body, stub_answer(n), prompt_tokens, n, reported, holding)
             response = web.json_response(answer)
         if ticket and holding is not None:
-            self._report({"ticket": ticket, "kv_transfer_params": holding})
+            self._report(wire.holding_report(ticket, holding))
         return response
 
     def _prefix_hit(self, prompt_tokens: int) -> int:
@@ -306,26 +306,26 @@ class StubEngine:
         return min(max(held, default=0), prompt_tokens)
 
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
-        retention = params.get("agentkv_retention_seconds")
+        retention = params.get(wire.RETENTION_SECONDS)
         if retention is None:
-            retention = UPSTREAM_RETENTION_S if params.get("do_remote_prefill") else 0.0
+            retention = UPSTREAM_RETENTION_S if params.get(wire.DO_REMOTE_PREFILL) else 0.0
         if retention <= 0:
             return None
         request_id = f"d-{uuid.uuid4().hex}"
         self.retained[request_id] = Retained(num_tokens, time.monotonic() + retention)
         holding = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": request_id,
-            "remote_block_ids": list(range(-(-num_tokens // _BLOCK_TOKENS))),
-            "remote_host": "127.0.0.1",
-            "remote_port": self.port,
-            "remote_num_tokens": num_tokens,
+            wire.DO_REMOTE_DECODE: True,
+            wire.DO_REMOTE_PREFILL: False,
+            wire.REMOTE_ENGINE_ID: self.engine_id,
+            wire.REMOTE_REQUEST_ID: request_id,
+            wire.REMOTE_BLOCK_IDS: list(range(-(-num_tokens // _BLOCK_TOKENS))),
+            wire.REMOTE_HOST: "127.0.0.1",
+            wire.REMOTE_PORT: self.port,
+            wire.REMOTE_NUM_TOKENS: num_tokens,
             "remote_blocks_expiry_time": time.perf_counter() + retention,
         }
-        if "agentkv_retention_seconds" in params:
-            holding["agentkv_expires_in_seconds"] = float(retention)
+        if wire.RETENTION_SECONDS in params:
+            holding[wire.EXPIRES_IN_SECONDS] = float(retention)
         return holding
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
@@ -391,9 +391,9 @@ def http_reporter(router_url: str, secret: str) -> tuple[Reporter, Callable[[], 
         nonlocal session
         session = session or aiohttp.ClientSession()
         async with session.post(
-            f"{router_url.rstrip('/')}/internal/v1/kv-holdings",
+            router_url.rstrip("/") + wire.REPORT_PATH,
             json=payload,
-            headers={"x-agentkv-secret": secret},
+            headers={wire.SECRET_HEADER: secret},
         ) as response:
             response.raise_for_status()
 
