@@ -38,6 +38,7 @@ __all__ = [
     "KV_TRANSFER_PARAMS",
     "PORT_BASE_ENV",
     "RELEASE",
+    "REMOTE_BLOCKS_EXPIRY_TIME",
     "REMOTE_BLOCK_IDS",
     "REMOTE_ENGINE_ID",
     "REMOTE_HOST",
@@ -72,6 +73,8 @@ REMOTE_HOST: Final = "remote_host"
 REMOTE_PORT: Final = "remote_port"
 REMOTE_REQUEST_ID: Final = "remote_request_id"
 REMOTE_NUM_TOKENS: Final = "remote_num_tokens"
+# D's own perf_counter deadline: meaningless on other hosts (agentkv sends EXPIRES_* instead).
+REMOTE_BLOCKS_EXPIRY_TIME: Final = "remote_blocks_expiry_time"
 
 # agentkv's fields, all prefixed ``agentkv_``.
 # Router -> D, with the decode step.

@@ -198,7 +198,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         params[wire.EXPIRES_AT] = time.time() + seconds
         # Upstream's own expiry field, which P's worker checks before reading: an already
         # past deadline makes P decline (and recompute) instead of reading freed blocks.
-        params["remote_blocks_expiry_time"] = now + seconds
+        params[wire.REMOTE_BLOCKS_EXPIRY_TIME] = now + seconds
         if seconds == 0:
             self._reqs_need_send.pop(req_id, None)
             self._reqs_not_processed.add(req_id)

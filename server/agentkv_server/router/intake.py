@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 
 from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.router.auth import session_key
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_format
@@ -25,7 +26,7 @@ from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_form
 __all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_json", "read_request"]
 
 # Body fields the router consumes; engines never see them.
-_STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, "kv_transfer_params")
+_STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, wire.KV_TRANSFER_PARAMS)
 # Client headers worth passing on to engines (an engine started with --api-key checks it).
 _FORWARDED_HEADERS = ("authorization",)
 # RFC 9110 5.5: no control characters but tab in a field value (aiohttp refuses to send them).

@@ -322,7 +322,7 @@ class StubEngine:
             wire.REMOTE_HOST: "127.0.0.1",
             wire.REMOTE_PORT: self.port,
             wire.REMOTE_NUM_TOKENS: num_tokens,
-            "remote_blocks_expiry_time": time.perf_counter() + retention,
+            wire.REMOTE_BLOCKS_EXPIRY_TIME: time.perf_counter() + retention,
         }
         if wire.RETENTION_SECONDS in params:
             holding[wire.EXPIRES_IN_SECONDS] = float(retention)
