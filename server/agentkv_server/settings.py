@@ -14,7 +14,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -34,7 +34,6 @@ from agentkv_server.errors import ConfigError
 from agentkv_server.wire import ENV_PREFIX
 
 __all__ = [
-    "POLICY_NAMES",
     "CostModelSettings",
     "FaultSettings",
     "LocalPathSettings",
@@ -47,10 +46,7 @@ __all__ = [
     "read_config_file",
 ]
 
-"""``AGENTKV_<FIELD>`` sets a field; ``__`` reaches into a group: ``AGENTKV_RETENTION__MAX_S``."""
-
 PolicyName = Literal["agentkv", "upstream", "never", "always"]
-POLICY_NAMES: Final[tuple[PolicyName, ...]] = get_args(PolicyName)
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
 ``never``: always recompute (the benchmark's baseline)."""
 

@@ -110,7 +110,8 @@ EXTRA_IDLE_GRACE_MS: Final = "agentkv_idle_grace_ms"
 EXTRA_IDLE_SLEEP_MS: Final = "agentkv_idle_sleep_ms"
 EXTRA_IDLE_MAX_WAIT_MS: Final = "agentkv_idle_max_wait_ms"
 
-# Environment variables. The router's settings take ``AGENTKV_<FIELD>`` for every field.
+# Environment variables. ``AGENTKV_<FIELD>`` sets any router setting; ``__`` reaches into a
+# group: ``AGENTKV_RETENTION__MAX_S``.
 ENV_PREFIX: Final = "AGENTKV_"
 SECRET_ENV: Final = "AGENTKV_SECRET"
 API_KEYS_ENV: Final = "AGENTKV_API_KEYS"

@@ -14,11 +14,11 @@ import ipaddress
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from agentkv_server.errors import ConfigError
 from agentkv_server.settings import (
-    POLICY_NAMES,
+    PolicyName,
     Settings,
     environment_settings,
     load_settings,
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policy",
-        choices=POLICY_NAMES,
+        choices=get_args(PolicyName),
         help="reuse policy: cost model (default), vLLM's example proxy, never, or always "
         "(pull every live holding)",
     )

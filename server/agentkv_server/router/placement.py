@@ -22,7 +22,7 @@ from typing import Literal
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
+from agentkv_server.router.turn import ErrorKind
 
 __all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
 from agentkv_server.router.placement import Engine
+from agentkv_server.router.turn import ErrorKind
 
 __all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentkv_server.wire import cold_prefill_params
 from agentkv_server.testing import InProcessRouter, conversation
+from agentkv_server.wire import cold_prefill_params
 
 
 async def mark_down(router: InProcessRouter) -> None:

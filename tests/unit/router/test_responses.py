@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from agentkv_server.router.formats import wire_format
-from agentkv_server.wire import cold_prefill_params
 from agentkv_server.testing.harness import InProcessRouter
+from agentkv_server.wire import cold_prefill_params
 
 SYSTEM = " ".join(f"rule{i}" for i in range(500))
 

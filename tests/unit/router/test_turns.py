@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from agentkv_server.wire import cold_prefill_params
 from agentkv_server.testing.harness import conversation
+from agentkv_server.wire import cold_prefill_params
 
 
 async def test_cold_turn_runs_prefill_then_decode_and_records_a_holding(make_router):
