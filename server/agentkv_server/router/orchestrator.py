@@ -108,25 +108,19 @@ class Orchestrator:
     async def _after(self, turn: Turn, response: Response) -> Response:
         request = turn.request
         if request.hints.session_end and request.session_key is not None:
-            await self._end_session(request.session_key)
+            await self._keeper.end_soon(request.session_key)
         return response
-
-    async def _end_session(self, key: str) -> None:
-        """After a session's last turn: refuse holdings of turns still in flight, free any kept."""
-        holding = await self._keeper.store.end(key, time.time())
-        if holding is not None:
-            self._keeper.release_soon([holding])
 
     async def _plan(self, turn: Turn) -> None:
         key = turn.request.session_key
         if key is None:
             return
-        holding = await self._keeper.store.take(key)
+        holding = await self._keeper.take(key)
         if holding is None:
             return
         turn.holding = holding
         holder = self._decode.get(holding.decode_url)
-        if holder is not None and (not holder.healthy or not holder.may_hold(holding.issued_at)):
+        if holder is not None and not holder.may_serve_holding(holding.issued_at):
             holder = None
         load = await self._turn_load(turn, holder) if holder is not None else None
         decision = self._policy.decide(holding, time.time(), load)
@@ -297,7 +291,7 @@ class Orchestrator:
     def _retention_s(self, turn: Turn) -> float:
         # Without the store nothing could record this turn's KV: ask the engine to keep none.
         request = turn.request
-        keep = request.session_key is not None and self._keeper.store.available
+        keep = request.session_key is not None and self._keeper.keeps_holdings
         return self._policy.retention_s(request.hints) if keep else 0.0
 
     async def _decode_step(self, turn: Turn, excluded: list[Engine]) -> Response:
@@ -374,7 +368,7 @@ class Orchestrator:
         self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         began = time.monotonic()
-        engine.inflight += 1
+        engine.request_started()
         try:
             stream = await self._watchdog.run(
                 engine,
@@ -390,7 +384,7 @@ class Orchestrator:
                 ),
             )
         except BaseException:
-            engine.inflight -= 1
+            engine.request_finished()
             raise
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
@@ -431,7 +425,7 @@ class Orchestrator:
             engine.mark_suspect()
         finally:
             stream.close()
-            engine.inflight -= 1
+            engine.request_finished()
             _log_breakdown(turn)
 
     async def _hold_back_final(self, ticket: str, params: dict[str, Any] | None) -> None:
@@ -454,12 +448,9 @@ class Orchestrator:
             self._metrics.record_engine_error(failure.engine.role, "stall")
             return
         self._metrics.record_engine_error(failure.engine.role, failure.kind)
-        if failure.kind == "connect":
-            logger.debug("%s", failure)
-            failure.engine.mark_lost()
-        elif failure.engine_stuck:
+        failure.engine.record_failure(failure.kind)
+        if failure.engine_stuck:
             logger.warning("%s: the engine is suspect until its health probe passes", failure)
-            failure.engine.mark_suspect()
         else:
             logger.debug("%s", failure)
 

@@ -35,9 +35,13 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Holding:
-    """KV a decode engine retains for a session's next turn."""
+    """KV a decode engine retains for a session's next turn.
 
-    session_id: str
+    ``session_key`` is the store's key: the client's session id within its tenant's namespace
+    (auth.session_key), never shown to clients.
+    """
+
+    session_key: str
     decode_url: str
     model: str
     params: dict[str, Any] = field(hash=False)
@@ -66,7 +70,7 @@ class Ticket:
     """One decode step awaiting its holding report."""
 
     ticket: str
-    session_id: str
+    session_key: str
     decode_url: str
     model: str
     issued_at: float
@@ -98,7 +102,7 @@ def holding_from_params(
     if expires_at <= now:
         return None
     return Holding(
-        session_id=ticket.session_id,
+        session_key=ticket.session_key,
         decode_url=ticket.decode_url,
         model=ticket.model,
         params=dict(params),
@@ -111,7 +115,7 @@ def holding_from_params(
 class SessionStore(Protocol):
     """Where holdings and tickets live; every method is atomic."""
 
-    async def take(self, session_id: str) -> Holding | None:
+    async def take(self, session_key: str) -> Holding | None:
         """Remove and return the session's unexpired holding: one caller gets it, ever."""
 
     async def offer(self, holding: Holding) -> list[Holding]:
@@ -120,7 +124,7 @@ class SessionStore(Protocol):
         Returns the holdings that lost (replaced, refused or evicted), for release.
         """
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
+    async def end(self, session_key: str, at: float) -> Holding | None:
         """End a session: take its holding and refuse holdings from turns issued before ``at``."""
 
     async def add_ticket(self, ticket: Ticket) -> None: ...
@@ -183,24 +187,24 @@ class InMemoryStore:
         self._ended = _BoundedTTL(max_sessions, clock)
         self._tickets = _BoundedTTL(max_sessions, clock)
 
-    async def take(self, session_id: str) -> Holding | None:
-        return self._holdings.pop(session_id)
+    async def take(self, session_key: str) -> Holding | None:
+        return self._holdings.pop(session_key)
 
     async def offer(self, holding: Holding) -> list[Holding]:
-        ended_at = self._ended.get(holding.session_id)
-        current = self._holdings.get(holding.session_id)
+        ended_at = self._ended.get(holding.session_key)
+        current = self._holdings.get(holding.session_key)
         if (ended_at is not None and ended_at >= holding.issued_at) or (
             current is not None and current.issued_at > holding.issued_at
         ):
             return [holding]
-        evicted = self._holdings.put(holding.session_id, holding, holding.expires_at)
+        evicted = self._holdings.put(holding.session_key, holding, holding.expires_at)
         now = self._clock()
         losers = [current] if current is not None else []
         return losers + [old for old in evicted if old.expires_at > now]
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
-        self._ended.put(session_id, at, self._clock() + self._ticket_ttl_s)
-        return self._holdings.pop(session_id)
+    async def end(self, session_key: str, at: float) -> Holding | None:
+        self._ended.put(session_key, at, self._clock() + self._ticket_ttl_s)
+        return self._holdings.pop(session_key)
 
     async def add_ticket(self, ticket: Ticket) -> None:
         self._tickets.put(ticket.ticket, ticket, self._clock() + self._ticket_ttl_s)

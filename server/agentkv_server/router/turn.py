@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agentkv import protocol
 from agentkv_server.router.formats import WireFormat, wire_format
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from agentkv_server.router.intake import ClientRequest
     from agentkv_server.router.upstream import EngineFailure
 
-__all__ = ["ErrorKind", "KVPath", "Turn", "TurnHints"]
+__all__ = ["STUCK", "UNREACHABLE", "ErrorKind", "KVPath", "Turn", "TurnHints"]
 
 
 class KVPath(str, enum.Enum):
@@ -42,6 +42,10 @@ ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall
 """Why an engine step failed. ``stall``: a step whose engine answered but made no progress
 (docs/faults.md), or a prefill step that pulled KV ran past ``timeouts.pull_s`` (then P is not
 blamed); ``hang``: a step whose engine stopped answering progress probes."""
+STUCK: Final[frozenset[ErrorKind]] = frozenset({"timeout", "hang", "stall"})
+"""The engine answered nothing in time, or made no progress."""
+UNREACHABLE: Final[frozenset[ErrorKind]] = frozenset({"connect", "timeout", "hang"})
+"""No answer at all: another try on the same engine would wait again."""
 
 
 @dataclass(frozen=True)
