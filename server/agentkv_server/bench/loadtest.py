@@ -1,4 +1,4 @@
-"""Router overhead benchmark: ``python -m agentkv_server.router.loadtest``.
+"""Router overhead benchmark: ``python -m agentkv_server.bench.loadtest``.
 
 Measures, on loopback with stub engines (``python -m agentkv_server.testing``) in their own
 process and the router (``agentkv router``) in another:
@@ -414,7 +414,7 @@ def _table(results: list[LevelResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentkv_server.router.loadtest")
+    parser = argparse.ArgumentParser(prog="python -m agentkv_server.bench.loadtest")
     parser.add_argument("--requests", type=int, default=1000, help="per level at concurrency 1")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument(
