@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from agentkv_server import wire
-from agentkv_server.bundle.probe import EngineClient, KVProbe, PrefillStep, logprob_gap
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.connector import PrefixFingerprint
+from agentkv_server.testing.probe import EngineClient, KVProbe, PrefillStep, logprob_gap
 
 # 2000 + 49 - 1 = 2048 held tokens: 16 whole CPU blocks (128 tokens), so D's own prefix cache
 # covers exactly the tokens a pull copies and D's local answer is comparable bit for bit.
