@@ -17,23 +17,32 @@ A token is one whitespace-separated word (chat: every message's content plus two
 for the template). Every request is recorded for assertions; faults can be queued. ``/metrics``
 counts prompt and generated tokens as vLLM's counters do; ``frozen`` makes the engine answer
 nothing at all (as a SIGSTOPped process) until it is cleared.
+
+This module is the HTTP server; the KV it simulates is in ``stub_kv``, the answers' shapes in
+``stub_shapes`` and the holding reports in ``stub_report``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
 from aiohttp import web
 
 from agentkv_server import wire
+from agentkv_server.testing.stub_kv import (
+    Retained,
+    holding_params,
+    prefill_params,
+    prefix_hit,
+    retention_s,
+    take_retained,
+)
+from agentkv_server.testing.stub_report import Reporter, deliver, http_reporter
 from agentkv_server.testing.stub_shapes import (
     MAX_TOKENS,
     answer_body,
@@ -43,8 +52,6 @@ from agentkv_server.testing.stub_shapes import (
     stream_events,
     stub_answer,
 )
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "Fault",
@@ -58,15 +65,9 @@ __all__ = [
     "stub_answer",
 ]
 
-Reporter = Callable[[dict[str, Any]], Awaitable[None]]
-"""Receives ``wire.holding_report(ticket, params)`` when a ticketed request finishes."""
-
 Fault = Literal["error", "bad_request", "disconnect", "hang"]
 """What the next completion request suffers: HTTP 500, HTTP 400, a dropped connection, or no
 answer at all (until the client gives up)."""
-
-UPSTREAM_RETENTION_S = 480.0
-_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -82,17 +83,6 @@ class RecordedRequest:
     @property
     def is_prefill(self) -> bool:
         return bool(self.kv_params.get(wire.DO_REMOTE_DECODE))
-
-
-@dataclass
-class Retained:
-    """KV a decode engine keeps after a request finished."""
-
-    num_tokens: int
-    deadline: float
-
-    def alive(self) -> bool:
-        return time.monotonic() < self.deadline
 
 
 @dataclass(eq=False)
@@ -248,17 +238,7 @@ class StubEngine:
         await self._compute(prompt_tokens - cached)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += 1
-        request_id = f"p-{uuid.uuid4().hex}"
-        params = {
-            wire.DO_REMOTE_PREFILL: True,
-            wire.DO_REMOTE_DECODE: False,
-            wire.REMOTE_ENGINE_ID: self.engine_id,
-            wire.REMOTE_REQUEST_ID: request_id,
-            wire.REMOTE_BLOCK_IDS: list(range(-(-prompt_tokens // _BLOCK_TOKENS))),
-            wire.REMOTE_HOST: "127.0.0.1",
-            wire.REMOTE_PORT: self.port,
-            "tp_size": 1,
-        }
+        params = prefill_params(self.engine_id, self.port, prompt_tokens)
         cached_reported = cached if self.report_cached_tokens else None
         return web.json_response(
             answer_body(body, "tok", prompt_tokens, 1, cached_reported, params)
@@ -270,11 +250,10 @@ class StubEngine:
         request_id = params.get(wire.REMOTE_REQUEST_ID)
         if holder is None or not holder.running or not isinstance(request_id, str):
             return 0
-        entry = holder.retained.pop(request_id, None)
-        if entry is None or not entry.alive():
-            return 0
-        self.pulled.append((holder.engine_id, request_id, entry.num_tokens))
-        return entry.num_tokens
+        tokens = take_retained(holder.retained, request_id)
+        if tokens:
+            self.pulled.append((holder.engine_id, request_id, tokens))
+        return tokens
 
     async def _decode(
         self, request: web.Request, body: dict[str, Any], params: dict[str, Any]
@@ -282,7 +261,7 @@ class StubEngine:
         prompt_tokens = count_prompt_tokens(body)
         cached = 0
         if not params.get(wire.DO_REMOTE_PREFILL):  # decode-only serving prefills locally
-            cached = self._prefix_hit(prompt_tokens)
+            cached = prefix_hit(self.retained, prompt_tokens)
             await self._compute(prompt_tokens - cached)
         n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
@@ -299,34 +278,16 @@ class StubEngine:
             self._report(wire.holding_report(ticket, holding))
         return response
 
-    def _prefix_hit(self, prompt_tokens: int) -> int:
-        """Tokens this engine's prefix cache covers: its longest live retained request's, as
-        a stand-in for vLLM's block hashes (the stub does not compare token contents)."""
-        held = [entry.num_tokens for entry in self.retained.values() if entry.alive()]
-        return min(max(held, default=0), prompt_tokens)
-
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
-        retention = params.get(wire.RETENTION_SECONDS)
-        if retention is None:
-            retention = UPSTREAM_RETENTION_S if params.get(wire.DO_REMOTE_PREFILL) else 0.0
+        retention = retention_s(params)
         if retention <= 0:
             return None
         request_id = f"d-{uuid.uuid4().hex}"
         self.retained[request_id] = Retained(num_tokens, time.monotonic() + retention)
-        holding = {
-            wire.DO_REMOTE_DECODE: True,
-            wire.DO_REMOTE_PREFILL: False,
-            wire.REMOTE_ENGINE_ID: self.engine_id,
-            wire.REMOTE_REQUEST_ID: request_id,
-            wire.REMOTE_BLOCK_IDS: list(range(-(-num_tokens // _BLOCK_TOKENS))),
-            wire.REMOTE_HOST: "127.0.0.1",
-            wire.REMOTE_PORT: self.port,
-            wire.REMOTE_NUM_TOKENS: num_tokens,
-            wire.REMOTE_BLOCKS_EXPIRY_TIME: time.perf_counter() + retention,
-        }
-        if wire.RETENTION_SECONDS in params:
-            holding[wire.EXPIRES_IN_SECONDS] = float(retention)
-        return holding
+        hinted = wire.RETENTION_SECONDS in params
+        return holding_params(
+            self.engine_id, self.port, request_id, num_tokens, retention, hinted=hinted
+        )
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -342,7 +303,7 @@ class StubEngine:
         reporter = self.cluster.reporter
         if reporter is None:
             return
-        task = asyncio.create_task(_deliver(reporter, payload, self.report_delay_s))
+        task = asyncio.create_task(deliver(reporter, payload, self.report_delay_s))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
@@ -381,36 +342,6 @@ class StubCluster:
 
     async def close(self) -> None:
         await asyncio.gather(*(engine.stop() for engine in self.engines))
-
-
-def http_reporter(router_url: str, secret: str) -> tuple[Reporter, Callable[[], Awaitable[None]]]:
-    """A reporter that POSTs to a router over HTTP, and the coroutine function that closes it."""
-    session: aiohttp.ClientSession | None = None
-
-    async def report(payload: dict[str, Any]) -> None:
-        nonlocal session
-        session = session or aiohttp.ClientSession()
-        async with session.post(
-            router_url.rstrip("/") + wire.REPORT_PATH,
-            json=payload,
-            headers={wire.SECRET_HEADER: secret},
-        ) as response:
-            response.raise_for_status()
-
-    async def close() -> None:
-        if session is not None:
-            await session.close()
-
-    return report, close
-
-
-async def _deliver(reporter: Reporter, payload: dict[str, Any], delay_s: float) -> None:
-    """A report that fails is lost, as with a real connector: the router then has no holding."""
-    await asyncio.sleep(delay_s)
-    try:
-        await reporter(payload)
-    except Exception as exc:  # noqa: BLE001 - any failure of the reporter means the same
-        logger.debug("holding report failed: %r", exc)
 
 
 def _error(status: int, message: str) -> web.Response:
