@@ -221,19 +221,10 @@ class Orchestrator:
             pulling = turn.pulls
             params = self._prefill_params(turn)
             began = time.monotonic()
+            body = turn.wire.prefill_body(turn.request.body, params)
+            timeout = self._pull_timeout if pulling else self._prefill_timeout
             try:
-                with engine.busy():
-                    answer = await self._watchdog.run(
-                        engine,
-                        post_json(
-                            self._http,
-                            engine,
-                            turn.wire.path,
-                            turn.wire.prefill_body(turn.request.body, params),
-                            turn.request.headers,
-                            self._pull_timeout if pulling else self._prefill_timeout,
-                        ),
-                    )
+                answer = await self._post(turn, engine, body, timeout)
             except EngineFailure as failure:
                 # A pulling step out of time or progress has stalled on the KV path (a holder
                 # that died mid-transfer leaves P's request waiting): no reason to drop P.
@@ -338,22 +329,21 @@ class Orchestrator:
             return turn.request.body
         return {**turn.request.body, wire.KV_TRANSFER_PARAMS: params}
 
+    async def _post(
+        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: aiohttp.ClientTimeout
+    ) -> dict[str, Any]:
+        """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
+        with engine.busy():
+            return await self._watchdog.run(
+                engine,
+                post_json(self._http, engine, turn.wire.path, body, turn.request.headers, timeout),
+            )
+
     async def _complete(
         self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         began = time.monotonic()
-        with engine.busy():
-            answer = await self._watchdog.run(
-                engine,
-                post_json(
-                    self._http,
-                    engine,
-                    turn.wire.path,
-                    body,
-                    turn.request.headers,
-                    self._decode_timeout,
-                ),
-            )
+        answer = await self._post(turn, engine, body, self._decode_timeout)
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             self._account_local(turn, answer)
