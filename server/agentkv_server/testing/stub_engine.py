@@ -11,7 +11,7 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
   ``agentkv_retention_seconds`` (upstream's 480 s without it), returns the holding params with
   ``agentkv_expires_in_seconds``, and reports them through the cluster's reporter when the
   request carried an ``agentkv_ticket``;
-- ``agentkv_release`` frees retained requests at once.
+- ``agentkv_release`` frees retained requests at once;
 - a non-streamed request with a JSON-schema format is answered with a sample of the schema
   (stub_shapes.py), so openai's ``parse`` helpers accept it.
 

@@ -120,6 +120,7 @@ class RouterThread:
         turns = {"local": 0, "reuse": 0, "fallback": 0, "recompute": 1, follow_up: 1}
         assert self.turns_by_path() == turns
 
+
 @pytest.fixture
 def router() -> Iterator[RouterThread]:
     stack = RouterThread()
