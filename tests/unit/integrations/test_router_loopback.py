@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -193,8 +194,14 @@ def test_langchain_with_structured_output_in_a_session_reuses_kv(router: RouterT
     assert forwarded["type"] == "json_schema"
 
 
-def test_agents_sdk_default_model_in_a_session_reuses_kv(router: RouterThread) -> None:
-    """The model is a name resolved by the SDK's default provider: OpenAIResponsesModel."""
+@pytest.mark.parametrize(
+    ("output_type", "answer"), [(None, "w0 w1 w2 w3 "), (City, City(name="w0", celsius=2))]
+)
+def test_agents_sdk_default_model_in_a_session_reuses_kv(
+    router: RouterThread, output_type: type[City] | None, answer: object
+) -> None:
+    """The model is a name resolved by the SDK's default provider: OpenAIResponsesModel. With an
+    ``output_type`` the SDK asks for structured output in the Responses ``text.format``."""
     client = agentkv.AsyncOpenAI(
         base_url=f"{router.url}/v1",
         api_key="-",
@@ -206,15 +213,16 @@ def test_agents_sdk_default_model_in_a_session_reuses_kv(router: RouterThread) -
         instructions=SYSTEM,
         model=router.cluster.model,
         model_settings=ModelSettings(max_tokens=4),
+        output_type=output_type,
     )
     config = RunConfig(model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True)
-    memory = SQLiteSession("agents-loop")
+    memory = SQLiteSession(f"agents-loop-{uuid.uuid4().hex}")  # the adapter keeps sessions by id
 
     first = Runner.run_sync(agent, "hello there", session=memory, run_config=config)
     router.wait_for_reports()
     second = Runner.run_sync(agent, "and then?", session=memory, run_config=config)
 
-    assert first.final_output == second.final_output == "w0 w1 w2 w3 "
+    assert first.final_output == second.final_output == answer
     session_id = conversation_session(memory).id
     assert conversation_session(memory).turns[1].kv_path in ("reuse", "local")
     router.check_one_session_reused(session_id, "/v1/responses")
