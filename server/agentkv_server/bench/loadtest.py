@@ -91,7 +91,7 @@ async def drive(
 
         async def client(worker: int) -> None:
             nonlocal errors
-            headers = {"x-session-id": f"bench-{worker}"} if sessions else {}
+            headers = {protocol.HEADER_SESSION_ID: f"bench-{worker}"} if sessions else {}
             while next(issued) < total:
                 began = time.perf_counter()
                 async with http.post(url, json=_BODY, headers=headers) as response:
@@ -187,7 +187,7 @@ async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> l
                 async with http.post(
                     f"{router_url}/v1/chat/completions",
                     json=body,
-                    headers={"x-session-id": session},
+                    headers={protocol.HEADER_SESSION_ID: session},
                 ) as response:
                     answer = await response.json()
                 records.append(
@@ -195,8 +195,8 @@ async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> l
                         session,
                         turn,
                         answer["usage"]["prompt_tokens"],
-                        response.headers["x-agentkv-kv-path"],
-                        int(response.headers["x-agentkv-reused-tokens"]),
+                        response.headers[protocol.HEADER_KV_PATH],
+                        int(response.headers[protocol.HEADER_REUSED_TOKENS]),
                         (time.perf_counter() - began) * 1000,
                     )
                 )
