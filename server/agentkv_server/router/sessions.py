@@ -62,7 +62,7 @@ class Holding:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Holding:
-        return cls(**json.loads(raw))
+        return cls(**_stored_fields(raw))
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,16 @@ class Ticket:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Ticket:
-        return cls(**json.loads(raw))
+        return cls(**_stored_fields(raw))
+
+
+def _stored_fields(raw: str | bytes) -> dict[str, Any]:
+    """A stored record's fields; records of routers before the ``session_key`` rename read too,
+    so a rolling upgrade on a shared Redis keeps the sessions held at the switch."""
+    fields: dict[str, Any] = json.loads(raw)
+    if "session_id" in fields:
+        fields["session_key"] = fields.pop("session_id")
+    return fields
 
 
 def holding_from_params(
