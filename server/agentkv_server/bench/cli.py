@@ -249,20 +249,20 @@ def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResu
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
     }
-    return BenchResult(config, tuple(records.turns), tuple(records.decodes))
+    return BenchResult(
+        config, tuple(records.turns), tuple(records.decodes), tuple(records.transfers)
+    )
 
 
 async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> RunRecords:
     salt = uuid.uuid4().hex[:8]  # a fresh prefix for every run: no cache hit from an earlier one
     await _warm_up(runner, setup, salt)
-    records = RunRecords([], [])
+    records = RunRecords([], [], [])
     for mode in setup.modes:
         for repeat in range(repeats):
             bar.set_description(f"{mode} {repeat + 1}/{repeats}")
             async with setup.open_target(mode) as target:
-                run = await runner.run(target, repeat, salt)
-            records.turns.extend(run.turns)
-            records.decodes.extend(run.decodes)
+                records.extend(await runner.run(target, repeat, salt))
     return records
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["BenchResult", "DecodeRecord", "TurnRecord"]
+__all__ = ["BenchResult", "DecodeRecord", "TransferRecord", "TurnRecord"]
 
 
 @dataclass(frozen=True)
@@ -96,19 +96,41 @@ class DecodeRecord:
 
 
 @dataclass(frozen=True)
+class TransferRecord:
+    """NIXL reads one role's engines made while one mode's sessions of one history length ran,
+    and their summed duration, as the engines report them (bench/transfers.py)."""
+
+    mode: str
+    repeat: int
+    history_tokens: int
+    role: str
+    reads: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransferRecord:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class BenchResult:
-    """A whole run: how it was configured (free-form, JSON-ready), every turn's record and,
-    with decoding sessions, every one of their requests."""
+    """A whole run: how it was configured (free-form, JSON-ready), every turn's record, with
+    decoding sessions every one of their requests, and the engines' KV transfer totals."""
 
     config: dict[str, Any]
     records: tuple[TurnRecord, ...]
     decodes: tuple[DecodeRecord, ...] = ()
+    transfers: tuple[TransferRecord, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config,
             "records": [r.to_dict() for r in self.records],
             "decodes": [d.to_dict() for d in self.decodes],
+            "transfers": [t.to_dict() for t in self.transfers],
         }
 
     @classmethod
@@ -117,4 +139,5 @@ class BenchResult:
             data["config"],
             tuple(TurnRecord.from_dict(r) for r in data["records"]),
             tuple(DecodeRecord.from_dict(d) for d in data.get("decodes", ())),
+            tuple(TransferRecord.from_dict(t) for t in data.get("transfers", ())),
         )

@@ -43,7 +43,7 @@ _COLORS = {
 def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
     """Write every output of ``result`` into ``out_dir``; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(result.records, decodes=result.decodes)
+    summary = summarize(result.records, decodes=result.decodes, transfers=result.transfers)
     paths = [
         _write_json(result, summary, out_dir / JSON_NAME),
         _plot_ttft_by_turn(summary, out_dir / TTFT_PLOT),
@@ -92,6 +92,7 @@ def render_markdown(result: BenchResult, summary: Summary) -> str:
         "",
         *_trade_table(summary),
         *_breakdown_table(summary),
+        *_transfer_table(summary),
     ]
     return "\n".join(lines) + "\n"
 
@@ -191,6 +192,38 @@ def _breakdown_table(summary: Summary) -> list[str]:
             cells = [_seconds(steps.get(step)) for step in BREAKDOWN_STEPS]
             count = m.paths.get(path, m.followups - sum(m.paths.values()))
             rows.append(f"| {m.mode} | {path} | {count} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _transfer_table(summary: Summary) -> list[str]:
+    """The KV transfers inside the P and D steps, which the router cannot time itself."""
+    if not any(m.transfers for m in summary.modes):
+        return []
+    rows = [
+        "",
+        (
+            "KV transfers as the engines report them (`vllm:nixl_xfer_time_seconds`; every "
+            "request of the mode, decoding sessions' included): NIXL reads by the prefill "
+            "engine (pulls of held history) and by the decode engine (P's new blocks), and "
+            "their mean duration:"
+        ),
+        "",
+        "| mode | P reads | P mean read (ms) | D reads | D mean read (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in summary.modes:
+        cells = []
+        for role in ("prefill", "decode"):
+            totals = m.transfers.get(role)
+            cells += (
+                ["n/a", "n/a"]
+                if totals is None
+                else [
+                    str(totals.reads),
+                    _ms(totals.seconds / totals.reads) if totals.reads else "n/a",
+                ]
+            )
+        rows.append(f"| {m.mode} | " + " | ".join(cells) + " |")
     return rows
 
 

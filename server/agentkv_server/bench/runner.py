@@ -22,7 +22,8 @@ import openai
 import agentkv
 from agentkv_server.bench.decoders import DecodingSession, run_beside
 from agentkv_server.bench.kvmemory import DecodeMemoryProbe
-from agentkv_server.bench.records import DecodeRecord, TurnRecord
+from agentkv_server.bench.records import DecodeRecord, TransferRecord, TurnRecord
+from agentkv_server.bench.transfers import TransferProbe
 from agentkv_server.bench.workload import TextTokenizer, Workload
 
 __all__ = ["RunRecords", "Runner", "Target"]
@@ -46,6 +47,7 @@ class Target:
     model: str
     metrics_urls: tuple[str, ...] = ()
     tag_body: bool = True
+    prefill_metrics_urls: tuple[str, ...] = ()
 
     def url_for(self, session_id: str) -> str:
         return self.base_urls[zlib.crc32(session_id.encode()) % len(self.base_urls)]
@@ -57,6 +59,12 @@ class RunRecords:
 
     turns: list[TurnRecord]
     decodes: list[DecodeRecord]
+    transfers: list[TransferRecord]
+
+    def extend(self, other: RunRecords) -> None:
+        self.turns.extend(other.turns)
+        self.decodes.extend(other.decodes)
+        self.transfers.extend(other.transfers)
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,27 @@ class Runner:
                 for url in target.base_urls
             }
             probe = DecodeMemoryProbe(target.metrics_urls, http)
-            records = RunRecords([], [])
+            transfers = {
+                "prefill": TransferProbe(target.prefill_metrics_urls, http),
+                "decode": TransferProbe(target.metrics_urls, http),
+            }
+            records = RunRecords([], [], [])
             for history in workload.history_tokens:
                 sessions = functools.partial(
                     self._sessions, clients, probe, target, repeat, history, salt
                 )
                 decoders = self._decoders(clients, target, repeat, history)
+                before = {role: await p.sample() for role, p in transfers.items()}
                 turns, decoded = await run_beside(decoders, sessions)
+                for role, transfer_probe in transfers.items():
+                    after = await transfer_probe.sample()
+                    if after is not None and (earlier := before[role]) is not None:
+                        moved = after - earlier
+                        records.transfers.append(
+                            TransferRecord(
+                                target.mode, repeat, history, role, moved.reads, moved.seconds
+                            )
+                        )
                 records.turns.extend(turns)
                 records.decodes.extend(decoded)
             return records

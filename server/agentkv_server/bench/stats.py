@@ -17,7 +17,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agentkv_server.bench.records import DecodeRecord, TurnRecord
+from agentkv_server.bench.records import DecodeRecord, TransferRecord, TurnRecord
+from agentkv_server.bench.transfers import TransferTotals
 
 __all__ = [
     "BREAKDOWN_STEPS",
@@ -100,6 +101,9 @@ class ModeSummary:
     """This mode's TPOT p99 over the baseline's (above 1: decoding suffers more)."""
     decode_errors: int = 0
     """Decoding sessions' failed requests."""
+    transfers: dict[str, TransferTotals] = field(default_factory=dict)
+    """NIXL reads per engine role (``prefill``, ``decode``) over the mode's whole run, as the
+    engines report them; missing where the engines were not asked or did not say."""
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,13 @@ def summarize(
     records: Iterable[TurnRecord],
     baseline: str = "recompute",
     decodes: Iterable[DecodeRecord] = (),
+    transfers: Iterable[TransferRecord] = (),
 ) -> Summary:
-    """Every figure of the report, from the records of all modes, histories and repeats, and
-    the decoding sessions' requests."""
+    """Every figure of the report, from the records of all modes, histories and repeats, the
+    decoding sessions' requests and the engines' transfer totals."""
     records = list(records)
     decodes = list(decodes)
+    transfers = list(transfers)
     modes = list(dict.fromkeys(r.mode for r in records))
     per_mode = {mode: [r for r in records if r.mode == mode] for mode in modes}
     base = per_mode.get(baseline, [])
@@ -150,7 +156,10 @@ def summarize(
     return Summary(
         baseline=baseline,
         modes=tuple(
-            _with_tpot(_mode_summary(mode, per_mode[mode], base), decodes, base_tpot)
+            replace(
+                _with_tpot(_mode_summary(mode, per_mode[mode], base), decodes, base_tpot),
+                transfers=_transfers(transfers, mode),
+            )
             for mode in modes
         ),
         by_turn=tuple(_by_turn(records)),
@@ -167,6 +176,16 @@ def _tpot(decodes: list[DecodeRecord], mode: str, history: int | None = None) ->
             for gap in d.gaps_s
         ]
     )
+
+
+def _transfers(transfers: list[TransferRecord], mode: str) -> dict[str, TransferTotals]:
+    totals: dict[str, TransferTotals] = {}
+    for t in transfers:
+        if t.mode == mode:
+            totals[t.role] = totals.get(t.role, TransferTotals(0, 0.0)) + TransferTotals(
+                t.reads, t.seconds
+            )
+    return totals
 
 
 def _with_tpot(summary: ModeSummary, decodes: list[DecodeRecord], base: Tpot | None) -> ModeSummary:
