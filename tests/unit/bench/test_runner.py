@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -177,3 +178,14 @@ async def test_decoding_sessions_stream_beside_the_agent_sessions(
     assert "decoder" in sent[0].body["messages"][0]["content"]
     decoding = [r for r in sent if "decoder" in r.body["messages"][0]["content"]]
     assert all(r.body["max_tokens"] == 20 and not r.headers.get("x-session-id") for r in decoding)
+
+
+async def test_a_failing_decoder_records_its_error_and_stops() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    workload = replace(WORKLOAD, decoders=1, sessions=1)
+    run = await Runner(workload, WordTokenizer()).run(Target("aggregated", (url,), MODEL), 0, "t")
+    assert [d.request for d in run.decodes] == [0]  # no second request after a failure
+    assert "Connection error" in (run.decodes[0].error or "") and run.decodes[0].gaps_s == ()
+    assert len(run.turns) == 1 and not run.turns[0].ok  # the agent session still ran
