@@ -91,7 +91,13 @@ async def serve_mode(mode: ModeName, deployment: Deployment) -> AsyncIterator[Ta
         secret=deployment.secret,
     )
     async with serve_router(settings) as url:
-        yield Target(mode, (url,), deployment.model, metrics)
+        yield Target(
+            mode,
+            (url,),
+            deployment.model,
+            metrics,
+            prefill_metrics_urls=tuple(f"{u.rstrip('/')}/metrics" for u in deployment.prefill_urls),
+        )
 
 
 @contextlib.asynccontextmanager
