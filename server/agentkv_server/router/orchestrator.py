@@ -424,6 +424,8 @@ class Orchestrator:
         recompute."""
         if params is not None:
             await self._keeper.record(ticket, params)
+        elif not self._policy.sends_hints:
+            return  # engines sent no ticket never report: waiting would only delay the end
         await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
 
     def _record_turn(self, turn: Turn) -> None:

@@ -116,6 +116,17 @@ async def test_the_wait_for_a_report_is_bounded(make_router):
     assert second.headers["x-agentkv-kv-path"] == "recompute"
 
 
+async def test_upstream_streams_end_without_waiting_for_a_report_that_never_comes(make_router):
+    """The `upstream` policy sends engines no ticket, so no report can come: its streams must not
+    be held back for `report_s` (the bench's upstream mode paid it on every streamed turn)."""
+    router = await make_router(policy="upstream", timeouts={"report_s": 5.0})
+
+    began = time.monotonic()
+    first = await stream_without_waiting_for_reports(router, 1)
+    assert first.text.rstrip().endswith("data: [DONE]")
+    assert time.monotonic() - began < 2.5
+
+
 async def test_completions_endpoint_reuses_too(make_router):
     router = await make_router()
     prompt = "word " * 400
