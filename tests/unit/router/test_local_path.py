@@ -76,6 +76,17 @@ def test_measured_slow_local_prefill_sends_mid_size_parts_to_pull():
     assert policy.decide(held(3000), NOW, idle(400)).path == "pull"
 
 
+def test_local_turns_without_new_tokens_keep_the_prior_rate():
+    """A session that resends its prompt (a retry) has no new tokens: every local sample is
+    at zero tokens, which fixes no slope. Found by scripts/router_vs_rust.py: every later
+    decision divided by zero (HTTP 500 for each of the session's turns)."""
+    policy = cost_model()
+    for _ in range(5):
+        policy.observe_local(0, 0.002)
+    assert policy.decide(held(3000), NOW, idle(0)).path == "local"
+    assert policy.predicted_local_s(400) == pytest.approx(0.002 + 400 / 2000, rel=0.05)
+
+
 def test_unknown_new_part_or_disabled_local_never_goes_local():
     assert cost_model().decide(held(3000), NOW, None).path == "pull"
     assert not cost_model(enabled=False).considers_local
