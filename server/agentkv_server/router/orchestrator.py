@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from agentkv import protocol
+from agentkv_server.router.codec import JSONBytesResponse
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import StreamEditor, WireFormat, wire_format
 from agentkv_server.router.holdings import HoldingKeeper
@@ -427,7 +428,7 @@ class Orchestrator:
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
         _log_breakdown(turn)
-        return JSONResponse(answer, headers=turn.headers())
+        return JSONBytesResponse(answer, headers=turn.headers())
 
     async def _stream(
         self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
@@ -549,6 +550,8 @@ def _unservable(turn: _Turn) -> RouterError:
 
 
 def _log_breakdown(turn: _Turn) -> None:
+    if not logger.isEnabledFor(logging.DEBUG):  # the breakdown is formatted before the call
+        return
     logger.debug(
         "session %s turn %s: %s reused=%d computed=%d",
         turn.request.session_id,

@@ -143,6 +143,7 @@ async def test_follow_up_goes_local_without_prefill_or_transfer(make_router, cap
     holding = await router.state.store.take("s1")
     assert holding is not None and holding.decode_url == holder.url
     assert holding.num_tokens == (500 + 2) + (2 + 2) + (4 + 2) + (20 + 2) + 4  # prompt, output
+    await router.state.keeper.drain()  # releases run in the background
     assert old_id in holder.released
     assert await router.metric('agentkv_turns_total{path="local"}') == 1
     assert await router.metric("agentkv_reused_tokens_total") == held
