@@ -77,12 +77,18 @@ class RouterMetrics:
             ["op"],
             registry=self.registry,
         )
-        for path in ("local", "reuse", "recompute", "fallback"):
-            self.turns.labels(path=path)
+        # Each path's children, looked up once rather than per turn (a path's TTFT series
+        # appears with its first turn, as before).
+        paths: tuple[KVPath, ...] = ("local", "reuse", "recompute", "fallback")
+        self._turns_by_path = {path: self.turns.labels(path=path) for path in paths}
+        self._ttft_by_path: dict[KVPath, Histogram] = {}
 
     def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:
-        self.turns.labels(path=path).inc()
-        self.ttft.labels(path=path).observe(ttft_s)
+        self._turns_by_path[path].inc()
+        ttft = self._ttft_by_path.get(path)
+        if ttft is None:
+            ttft = self._ttft_by_path[path] = self.ttft.labels(path=path)
+        ttft.observe(ttft_s)
         self.reused_tokens.inc(reused)
         self.recomputed_tokens.inc(recomputed)
 
