@@ -28,6 +28,7 @@ PATH or given by ``--wrk`` / ``--vllm-router``; ``py-spy`` for ``--profile``.
     .venv/bin/python scripts/router_vs_rust.py                       # every row, 10 s each
     .venv/bin/python scripts/router_vs_rust.py --only agentkv --concurrency 32 --duration 5
     .venv/bin/python scripts/router_vs_rust.py --profile /tmp/prof   # py-spy of agentkv at c=32
+    .venv/bin/python scripts/router_vs_rust.py --baseline /tmp/before # and an older checkout
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def profile(args: argparse.Namespace, target: Target, stream: bool) -> None:
     """py-spy over the router while wrk drives it at concurrency 32: a flamegraph and a
     collapsed-stack file (one line per stack, with its sample count) per mode."""
     args.profile.mkdir(parents=True, exist_ok=True)
-    name = ("session-" if target.sessions else "") + ("stream" if stream else "json")
+    slug = "".join(c if c.isalnum() else "-" for c in target.name.lower())
+    name = f"{slug}-{'stream' if stream else 'json'}"
     body = request_body(stream, direct=False)
     seconds = args.duration
     load = run_wrk(args, target.urls[0], body, 32, 32 if target.sessions else 0, seconds + 2)
@@ -271,13 +273,13 @@ def profile(args: argparse.Namespace, target: Target, stream: bool) -> None:
         subprocess.run(
             [args.py_spy, "record", "--nonblocking", "-p", str(target.pids[0]), "-r", "250"]
             + ["-d", str(max(int(seconds / 2), 1)), "-f", fmt]
-            + ["-o", str(args.profile / f"agentkv-{name}.{suffix}")],
+            + ["-o", str(args.profile / f"{name}.{suffix}")],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
     wrk_result(load)
-    print(f"profile ({name}): {args.profile}/agentkv-{name}.svg, .txt")
+    print(f"profile: {args.profile}/{name}.svg, .txt")
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -294,13 +296,23 @@ def run(args: argparse.Namespace) -> list[Row]:
         engines = json.loads(stubs.stdout.readline())
         prefill, decode = engines
         def agentkv(
-            routers: contextlib.ExitStack, name: str, sessions: bool, redis: str | None, count: int
+            routers: contextlib.ExitStack,
+            name: str,
+            sessions: bool,
+            redis: str | None,
+            count: int,
+            source: Path | None = None,
         ) -> Target:
+            env = dict(os.environ)
+            if source is not None:  # another checkout's router (sdk, server, integrations)
+                tree = [str(source / part) for part in ("sdk", "server", "integrations")]
+                env["PYTHONPATH"] = os.pathsep.join(tree)
             procs = [
                 routers.enter_context(
                     process(
                         agentkv_argv(ports[i], secret, prefill, decode, redis),
                         logs / f"agentkv-{i}-{len(rows)}.log",
+                        env=env,
                     )
                 )
                 for i in range(count)
@@ -327,11 +339,13 @@ def run(args: argparse.Namespace) -> list[Row]:
                 wait_healthy(f"http://127.0.0.1:{port}", rust)
                 measure_all(Target("vllm-router P/D", [f"http://127.0.0.1:{port}"], [rust.pid]))
         if "agentkv" in args.only:
-            with contextlib.ExitStack() as routers:
-                target = agentkv(routers, "agentkv P/D", False, None, 1)
-                measure_all(target)
-                target.name, target.sessions = "agentkv P/D + session", True
-                measure_all(target)
+            sources = [(None, "")] + [(src, f" [{src.name}]") for src in args.baseline]
+            for source, label in sources:
+                with contextlib.ExitStack() as routers:
+                    target = agentkv(routers, f"agentkv P/D{label}", False, None, 1, source)
+                    measure_all(target)
+                    target.name, target.sessions = f"agentkv P/D + session{label}", True
+                    measure_all(target)
         if "replicas" in args.only and args.replicas > 1:
             with contextlib.ExitStack() as routers:
                 redis = routers.enter_context(RedisServer())
@@ -395,6 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-router", default=shutil.which("vllm-router") or "vllm-router")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
     parser.add_argument("--profile", type=Path, help="write py-spy profiles of agentkv here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="also measure the agentkv router of these checkouts (e.g. a `git worktree` of the "
+        "commit before a change), in the same run",
+    )
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
