@@ -18,7 +18,8 @@ request when the last one is answered) for ``--duration`` seconds per row, after
 
 Each at concurrency 1 and 32, non-streamed and streamed. The table has req/s, p50 and p99 (wrk's
 latency: request written to response complete), the p50 added over the direct stub step, and the
-router processes' CPU per request (user + system time over the row / requests). All processes
+router processes' and the stubs' CPU per request (user + system time over the row / requests:
+less sensitive to a busy machine than the rates, and where a turn's work goes). All processes
 share the machine's cores: on a small machine the router, the stubs and wrk compete, so the
 same run measures every router under the same conditions. Not a test: nothing here asserts.
 
@@ -115,6 +116,7 @@ class Row:
     p50_ms: float
     p99_ms: float
     cpu_us_per_request: float | None  # the router processes' CPU; None for the direct row
+    stub_cpu_us_per_request: float  # the stub engines' process
     paths: dict[str, int]  # agentkv's turns by KV path during the row (its /metrics)
 
 
@@ -199,7 +201,7 @@ def request_body(stream: bool, direct: bool) -> str:
 def run_wrk(
     args: argparse.Namespace, url: str, body: str, connections: int, sessions: int, seconds: float
 ) -> subprocess.Popen[str]:
-    argv = [args.wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "5s"]
+    argv = [args.wrk, "-t1", f"-c{connections}", f"-d{max(round(seconds), 1)}s", "--timeout", "5s"]
     argv += ["-s", str(args.wrk_script), url + PATH, "--", body, str(sessions)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -212,7 +214,9 @@ def wrk_result(proc: subprocess.Popen[str]) -> dict[str, int]:
     raise RuntimeError(f"wrk printed no result:\n{out}")
 
 
-def measure(args: argparse.Namespace, target: Target, stream: bool, concurrency: int) -> Row:
+def measure(
+    args: argparse.Namespace, target: Target, stream: bool, concurrency: int, stubs: int
+) -> Row:
     body = request_body(stream, direct=not target.pids)
     per = max(concurrency // len(target.urls), 1)
     sessions = per if target.sessions else 0
@@ -220,9 +224,11 @@ def measure(args: argparse.Namespace, target: Target, stream: bool, concurrency:
     for proc in warm:
         wrk_result(proc)
     cpu_before, paths_before = cpu_seconds(target.pids), turn_paths(target)
+    stub_before = cpu_seconds([stubs])
     procs = [run_wrk(args, url, body, per, sessions, args.duration) for url in target.urls]
     results = [wrk_result(proc) for proc in procs]
     cpu = cpu_seconds(target.pids) - cpu_before
+    stub_cpu = cpu_seconds([stubs]) - stub_before
     paths = {k: v - paths_before.get(k, 0) for k, v in turn_paths(target).items()}
     requests = sum(r["requests"] for r in results)
     seconds = max(r["duration_us"] for r in results) / 1e6
@@ -237,6 +243,7 @@ def measure(args: argparse.Namespace, target: Target, stream: bool, concurrency:
         p50_ms=max(r["p50_us"] for r in results) / 1000,
         p99_ms=max(r["p99_us"] for r in results) / 1000,
         cpu_us_per_request=cpu / requests * 1e6 if target.pids and requests else None,
+        stub_cpu_us_per_request=stub_cpu / max(requests, 1) * 1e6,
         paths={path: count for path, count in paths.items() if count},
     )
 
@@ -295,6 +302,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         assert stubs.stdout is not None
         engines = json.loads(stubs.stdout.readline())
         prefill, decode = engines
+
         def agentkv(
             routers: contextlib.ExitStack,
             name: str,
@@ -326,7 +334,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 if args.profile is not None and target.name.startswith("agentkv"):
                     profile(args, target, stream)
                 for concurrency in args.concurrency:
-                    row = measure(args, target, stream, concurrency)
+                    row = measure(args, target, stream, concurrency, stubs.pid)
                     rows.append(row)
                     print(format_row(row, rows), flush=True)
 
@@ -357,7 +365,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 HEADER = (
     "| target | stream | c | req/s | p50 ms | p99 ms | +p50 ms vs stub | router CPU us/req | "
-    "errors | agentkv paths |\n|---|---|---|---|---|---|---|---|---|---|"
+    "stubs CPU us/req | errors | agentkv paths |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -378,6 +386,7 @@ def format_row(row: Row, rows: list[Row]) -> str:
     return (
         f"| {row.target} | {'yes' if row.stream else 'no'} | {row.concurrency} | "
         f"{row.requests_per_s:.0f} | {row.p50_ms:.2f} | {row.p99_ms:.2f} | {added} | {cpu} | "
+        f"{row.stub_cpu_us_per_request:.0f} | "
         f"{row.errors} | {', '.join(f'{k} {v}' for k, v in sorted(row.paths.items())) or '-'} |"
     )
 
