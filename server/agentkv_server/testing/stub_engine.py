@@ -11,7 +11,9 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
   ``agentkv_retention_seconds`` (upstream's 480 s without it), returns the holding params with
   ``agentkv_expires_in_seconds``, and reports them through the cluster's reporter when the
   request carried an ``agentkv_ticket``;
-- ``agentkv_release`` frees retained requests at once.
+- ``agentkv_release`` frees retained requests at once;
+- a non-streamed request with a JSON-schema format is answered with a sample of the schema
+  (stub_shapes.py), so openai's ``parse`` helpers accept it.
 
 A token is one whitespace-separated word (chat: every message's content plus two per message
 for the template). Every request is recorded for assertions; faults can be queued. ``/metrics``
@@ -40,6 +42,7 @@ from agentkv_server.testing.stub_shapes import (
     invalid_body,
     output_limit,
     stream_events,
+    structured_answer,
     stub_answer,
 )
 
@@ -298,7 +301,11 @@ class StubEngine:
             response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
         else:
             reported = cached if self.report_cached_tokens and cached else None
-            answer = answer_body(body, stub_answer(n), prompt_tokens, n, reported, holding)
+            structured = structured_answer(body)
+            text = stub_answer(n) if structured is None else structured
+            answer = answer_body(
+                body, text, prompt_tokens, n, reported, holding, finished=structured is not None
+            )
             response = web.json_response(answer)
         if ticket and holding is not None:
             self._report({"ticket": ticket, "kv_transfer_params": holding})
