@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """agentkv's router beside vllm-router (Rust, ``--vllm-pd-disaggregation``) on the same stub engines.
 
-One run starts a stub prefill engine and a stub decode engine (``python -m agentkv_server.testing``,
-one process, so that the prefill stub can pull what the decode stub holds; holding reports go to
-agentkv's router as a real decode engine sends them),
+Each configuration gets a new stub prefill engine and stub decode engine (``python -m
+agentkv_server.testing``, one process, so that the prefill stub can pull what the decode stub
+holds; holding reports go to agentkv's router as a real decode engine sends them),
 then drives each target with wrk (one thread, closed loop: every connection sends its next
 request when the last one is answered) for ``--duration`` seconds per row, after a short warm-up:
 
@@ -50,6 +50,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from subprocess import PIPE
 
 from agentkv_server.testing.redis_server import RedisServer
 
@@ -120,11 +121,19 @@ class Row:
     paths: dict[str, int]  # agentkv's turns by KV path during the row (its /metrics)
 
 
+@dataclass(frozen=True)
+class Stubs:
+    prefill: str
+    decode: str
+    pid: int
+
+
 @dataclass
 class Target:
     name: str
     urls: list[str]  # one per wrk process (a replica each)
     pids: list[int]  # processes whose CPU counts as the router's
+    stub_pid: int
     sessions: bool = False
     agentkv: bool = False  # has agentkv's /metrics
 
@@ -214,9 +223,7 @@ def wrk_result(proc: subprocess.Popen[str]) -> dict[str, int]:
     raise RuntimeError(f"wrk printed no result:\n{out}")
 
 
-def measure(
-    args: argparse.Namespace, target: Target, stream: bool, concurrency: int, stubs: int
-) -> Row:
+def measure(args: argparse.Namespace, target: Target, stream: bool, concurrency: int) -> Row:
     body = request_body(stream, direct=not target.pids)
     per = max(concurrency // len(target.urls), 1)
     sessions = per if target.sessions else 0
@@ -224,11 +231,11 @@ def measure(
     for proc in warm:
         wrk_result(proc)
     cpu_before, paths_before = cpu_seconds(target.pids), turn_paths(target)
-    stub_before = cpu_seconds([stubs])
+    stub_before = cpu_seconds([target.stub_pid])
     procs = [run_wrk(args, url, body, per, sessions, args.duration) for url in target.urls]
     results = [wrk_result(proc) for proc in procs]
     cpu = cpu_seconds(target.pids) - cpu_before
-    stub_cpu = cpu_seconds([stubs]) - stub_before
+    stub_cpu = cpu_seconds([target.stub_pid]) - stub_before
     paths = {k: v - paths_before.get(k, 0) for k, v in turn_paths(target).items()}
     requests = sum(r["requests"] for r in results)
     seconds = max(r["duration_us"] for r in results) / 1e6
@@ -248,15 +255,16 @@ def measure(
     )
 
 
-def agentkv_argv(port: int, secret: str, prefill: str, decode: str, redis: str | None) -> list[str]:
+def agentkv_argv(port: int, secret: str, stubs: Stubs, redis: str | None) -> list[str]:
     argv = [sys.executable, "-m", "agentkv_server.cli", "router", "--port", str(port)]
-    argv += ["--secret", secret, "--prefill-url", prefill, "--decode-url", decode]
+    argv += ["--secret", secret, "--prefill-url", stubs.prefill, "--decode-url", stubs.decode]
     argv += ["--log-level", "warning"]
     return argv + (["--redis-url", redis] if redis else [])
 
 
-def vllm_router_argv(binary: str, port: int, prefill: str, decode: str) -> list[str]:
-    argv = [binary, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode]
+def vllm_router_argv(binary: str, port: int, stubs: Stubs) -> list[str]:
+    argv = [binary, "--vllm-pd-disaggregation", "--prefill", stubs.prefill]
+    argv += ["--decode", stubs.decode]
     return argv + ["--port", str(port), "--policy", "round_robin", "--log-level", "warning"]
 
 
@@ -295,70 +303,74 @@ def run(args: argparse.Namespace) -> list[Row]:
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     logs = Path(tempfile.mkdtemp(prefix="router-vs-rust-"))
     rows: list[Row] = []
-    with contextlib.ExitStack() as stack:
-        stubs = stack.enter_context(
-            process(stub_argv(urls[0], secret), logs / "stubs.log", stdout=subprocess.PIPE)
-        )
-        assert stubs.stdout is not None
-        engines = json.loads(stubs.stdout.readline())
-        prefill, decode = engines
 
-        def agentkv(
-            routers: contextlib.ExitStack,
-            name: str,
-            sessions: bool,
-            redis: str | None,
-            count: int,
-            source: Path | None = None,
-        ) -> Target:
-            env = dict(os.environ)
-            if source is not None:  # another checkout's router (sdk, server, integrations)
-                tree = [str(source / part) for part in ("sdk", "server", "integrations")]
-                env["PYTHONPATH"] = os.pathsep.join(tree)
-            procs = [
-                routers.enter_context(
-                    process(
-                        agentkv_argv(ports[i], secret, prefill, decode, redis),
-                        logs / f"agentkv-{i}-{len(rows)}.log",
-                        env=env,
-                    )
-                )
-                for i in range(count)
-            ]
-            for url, proc in zip(urls, procs):
-                wait_healthy(url, proc)
-            return Target(name, urls[:count], [proc.pid for proc in procs], sessions, agentkv=True)
+    def start_stubs(stack: contextlib.ExitStack) -> Stubs:
+        """New stubs per configuration: the decode stub retains what each router asks it to
+        keep (vllm-router: upstream's 480 s for every request), and that must not weigh on
+        the next configuration."""
+        argv = stub_argv(urls[0], secret)
+        proc = stack.enter_context(process(argv, logs / f"stubs-{len(rows)}.log", stdout=PIPE))
+        assert proc.stdout is not None
+        prefill, decode = json.loads(proc.stdout.readline())
+        return Stubs(prefill, decode, proc.pid)
 
-        def measure_all(target: Target) -> None:
-            for stream in args.stream:
-                if args.profile is not None and target.name.startswith("agentkv"):
-                    profile(args, target, stream)
-                for concurrency in args.concurrency:
-                    row = measure(args, target, stream, concurrency, stubs.pid)
-                    rows.append(row)
-                    print(format_row(row, rows), flush=True)
+    def agentkv(
+        stack: contextlib.ExitStack,
+        name: str,
+        sessions: bool,
+        redis: str | None,
+        count: int,
+        source: Path | None = None,
+    ) -> Target:
+        stubs = start_stubs(stack)
+        env = dict(os.environ)
+        if source is not None:  # another checkout's router (sdk, server, integrations)
+            tree = [str(source / part) for part in ("sdk", "server", "integrations")]
+            env["PYTHONPATH"] = os.pathsep.join(tree)
+        argv = [agentkv_argv(port, secret, stubs, redis) for port in ports[:count]]
+        procs = [
+            stack.enter_context(process(a, logs / f"agentkv-{i}-{len(rows)}.log", env=env))
+            for i, a in enumerate(argv)
+        ]
+        for url, proc in zip(urls, procs):
+            wait_healthy(url, proc)
+        pids = [proc.pid for proc in procs]
+        return Target(name, urls[:count], pids, stubs.pid, sessions, agentkv=True)
 
-        if "direct" in args.only:
-            measure_all(Target("stub D step", [decode], []))
-        if "rust" in args.only:
+    def measure_all(target: Target) -> None:
+        for stream in args.stream:
+            if args.profile is not None and target.agentkv:
+                profile(args, target, stream)
+            for concurrency in args.concurrency:
+                row = measure(args, target, stream, concurrency)
+                rows.append(row)
+                print(format_row(row, rows), flush=True)
+
+    if "direct" in args.only:
+        with contextlib.ExitStack() as stack:
+            stubs = start_stubs(stack)
+            measure_all(Target("stub D step", [stubs.decode], [], stubs.pid))
+    if "rust" in args.only:
+        with contextlib.ExitStack() as stack:
+            stubs = start_stubs(stack)
             port = free_port()
-            argv = vllm_router_argv(args.vllm_router, port, prefill, decode)
-            with process(argv, logs / "vllm-router.log") as rust:
-                wait_healthy(f"http://127.0.0.1:{port}", rust)
-                measure_all(Target("vllm-router P/D", [f"http://127.0.0.1:{port}"], [rust.pid]))
-        if "agentkv" in args.only:
-            sources = [(None, "")] + [(src, f" [{src.name}]") for src in args.baseline]
-            for source, label in sources:
-                with contextlib.ExitStack() as routers:
-                    target = agentkv(routers, f"agentkv P/D{label}", False, None, 1, source)
-                    measure_all(target)
-                    target.name, target.sessions = f"agentkv P/D + session{label}", True
-                    measure_all(target)
-        if "replicas" in args.only and args.replicas > 1:
-            with contextlib.ExitStack() as routers:
-                redis = routers.enter_context(RedisServer())
-                name = f"agentkv P/D + session, {args.replicas} replicas"
-                measure_all(agentkv(routers, name, True, redis.url, args.replicas))
+            argv = vllm_router_argv(args.vllm_router, port, stubs)
+            rust = stack.enter_context(process(argv, logs / "vllm-router.log"))
+            wait_healthy(f"http://127.0.0.1:{port}", rust)
+            url = f"http://127.0.0.1:{port}"
+            measure_all(Target("vllm-router P/D", [url], [rust.pid], stubs.pid))
+    if "agentkv" in args.only:
+        sources = [(None, "")] + [(src, f" [{src.name}]") for src in args.baseline]
+        for source, label in sources:
+            for sessions in (False, True):
+                name = f"agentkv P/D{' + session' if sessions else ''}{label}"
+                with contextlib.ExitStack() as stack:
+                    measure_all(agentkv(stack, name, sessions, None, 1, source))
+    if "replicas" in args.only and args.replicas > 1:
+        with contextlib.ExitStack() as stack:
+            redis = stack.enter_context(RedisServer())
+            name = f"agentkv P/D + session, {args.replicas} replicas"
+            measure_all(agentkv(stack, name, True, redis.url, args.replicas))
     print(f"logs: {logs}")
     return rows
 

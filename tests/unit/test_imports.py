@@ -65,7 +65,6 @@ NOT_IMPORTED = {
     "pytest-asyncio": "a pytest plugin (asyncio_mode = auto)",
     "pytest-timeout": "a pytest plugin (timeout = 900)",
     "ruff": "a command-line tool",
-    "uvloop": "uvicorn's event loop for the router when installed (docs/router.md, Hot path)",
 }
 
 

@@ -11,6 +11,11 @@ import json
 
 from agentkv_server.testing.stub_engine import StubCluster, http_reporter
 
+try:  # the stubs serve load tests beside the router: the faster event loop, where there is one
+    from uvloop import run as run_loop
+except ImportError:  # pragma: no cover - a platform without uvloop
+    from asyncio import run as run_loop
+
 
 async def serve(
     count: int, router_url: str | None, secret: str, prefill_us: float, record: bool
@@ -46,7 +51,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     try:
-        asyncio.run(
+        run_loop(
             serve(
                 args.engines, args.router_url, args.secret, args.prefill_us_per_token, args.record
             )
