@@ -298,7 +298,7 @@ def profile(args: argparse.Namespace, target: Target, stream: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
-    secret = secrets.token_urlsafe(16)
+    secret = secrets.token_hex(16)  # not token_urlsafe: one starting with "-" reads as an option
     ports = [free_port() for _ in range(args.replicas)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     logs = Path(tempfile.mkdtemp(prefix="router-vs-rust-"))
