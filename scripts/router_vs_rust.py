@@ -52,6 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import PIPE
 
+from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.testing.redis_server import RedisServer
 
 PATH = "/v1/chat/completions"
@@ -62,20 +64,23 @@ MESSAGES = [
 ]
 MAX_TOKENS = 4
 # What the decode stub sees in a P/D turn: the prefill step's params, nothing retained after.
-DIRECT_PARAMS = {
-    "do_remote_prefill": True,
-    "do_remote_decode": False,
-    "remote_engine_id": "direct",
-    "remote_request_id": "direct",
-    "remote_block_ids": [0],
-    "remote_host": "127.0.0.1",
-    "remote_port": 1,
-    "agentkv_retention_seconds": 0,
-}
+DIRECT_PARAMS = wire.decode_params(
+    {
+        wire.DO_REMOTE_PREFILL: True,
+        wire.DO_REMOTE_DECODE: False,
+        wire.REMOTE_ENGINE_ID: "direct",
+        wire.REMOTE_REQUEST_ID: "direct",
+        wire.REMOTE_BLOCK_IDS: [0],
+        wire.REMOTE_HOST: "127.0.0.1",
+        wire.REMOTE_PORT: 1,
+    },
+    retention_s=0,
+    ticket=None,
+)
 
 # wrk's script: POST the body given as the first script argument; with a second argument N > 0
-# every request carries x-session-id "bench-<thread>-<i>", i cycling over N ids (one per
-# connection at closed-loop concurrency N), so each session's turns follow each other.
+# every request carries the session header named by the third, "bench-<thread>-<i>", i cycling
+# over N ids (one per connection at closed-loop concurrency N): a session's turns follow each other.
 # done() prints one JSON line the script reads.
 WRK_SCRIPT = r"""
 local threads = {}
@@ -86,13 +91,14 @@ end
 function init(args)
   body = args[1]
   sessions = tonumber(args[2] or "0")
+  session_header = args[3]
   counter = 0
 end
 function request()
   local headers = {["Content-Type"] = "application/json"}
   if sessions > 0 then
     counter = counter + 1
-    headers["x-session-id"] = "bench-" .. tid .. "-" .. (counter % sessions)
+    headers[session_header] = "bench-" .. tid .. "-" .. (counter % sessions)
   end
   return wrk.format("POST", nil, headers, body)
 end
@@ -203,7 +209,7 @@ def request_body(stream: bool, direct: bool) -> str:
     if stream:
         body["stream"] = True
     if direct:
-        body["kv_transfer_params"] = DIRECT_PARAMS
+        body[wire.KV_TRANSFER_PARAMS] = DIRECT_PARAMS
     return json.dumps(body)
 
 
@@ -212,6 +218,7 @@ def run_wrk(
 ) -> subprocess.Popen[str]:
     argv = [args.wrk, "-t1", f"-c{connections}", f"-d{max(round(seconds), 1)}s", "--timeout", "5s"]
     argv += ["-s", str(args.wrk_script), url + PATH, "--", body, str(sessions)]
+    argv.append(protocol.HEADER_SESSION_ID)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -18,6 +18,8 @@ import time
 import uuid
 from typing import Any
 
+from agentkv_server import wire
+
 __all__ = [
     "answer_body",
     "count_prompt_tokens",
@@ -56,7 +58,7 @@ def invalid_body(body: dict[str, Any]) -> str | None:
             not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS
         ):
             return f"{name} must be an integer in [1, {MAX_TOKENS}]"
-    params = body.get("kv_transfer_params")
+    params = body.get(wire.KV_TRANSFER_PARAMS)
     if params is not None and not isinstance(params, dict):
         return "kv_transfer_params must be an object"
     return None
@@ -147,7 +149,7 @@ def answer_body(
     else:
         answer = _completion(body, text, prompt_tokens, completion_tokens, cached, finished)
     if kv_transfer_params is not None:
-        answer["kv_transfer_params"] = kv_transfer_params
+        answer[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     return answer
 
 
@@ -164,9 +166,9 @@ def stream_events(
             b"data: [DONE]\n\n"
         ]
     final = _response(body, stub_answer(n), prompt_tokens, n, 0)
-    final["kv_transfer_params"] = kv_transfer_params
+    final[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     started = {**final, "status": "in_progress", "output": [], "usage": None}
-    started["kv_transfer_params"] = None
+    started[wire.KV_TRANSFER_PARAMS] = None
     events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": started})]
     events += [("response.output_text.delta", {"delta": f"w{i} "}) for i in range(n)]
     events.append(("response.completed", {"response": final}))
