@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 # Tickets whose report nobody awaited (their turn failed, or answered in JSON) are dropped
 # oldest first beyond this many.
 _MAX_AWAITED_TICKETS = 4096
+# Releases within this long of each other go to their engine as one request.
+_RELEASE_BATCH_S = 0.005
 
 
 class HoldingKeeper:
@@ -53,6 +55,9 @@ class HoldingKeeper:
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
         self._unrecorded: dict[str, asyncio.Event] = {}
+        # Request ids to release, by (decode engine, model), and the task that will send them.
+        self._pending: dict[tuple[str, str], list[str]] = {}
+        self._flush: asyncio.Task[None] | None = None
 
     @property
     def keeps_holdings(self) -> bool:
@@ -135,28 +140,49 @@ class HoldingKeeper:
             self.release_soon([holding])
 
     def release_soon(self, holdings: Iterable[Holding]) -> None:
+        """Release in the background, one request per engine for what is released within
+        ``_RELEASE_BATCH_S`` of each other (under load, most turns release a holding)."""
+        if not self._releases_enabled:
+            return
         for holding in holdings:
-            task = asyncio.create_task(self.release(holding))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            if request_ids := holding.request_ids():
+                pending = self._pending.setdefault((holding.decode_url, holding.model), [])
+                pending.extend(request_ids)
+        if self._pending and self._flush is None:
+            self._flush = self._in_background(self._release_pending())
+
+    async def _release_pending(self) -> None:
+        await asyncio.sleep(_RELEASE_BATCH_S)
+        pending, self._pending, self._flush = self._pending, {}, None
+        for (decode_url, model), request_ids in pending.items():
+            self._in_background(self._release(decode_url, model, request_ids))
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def release(self, holding: Holding) -> bool:
-        """Ask the holding's decode engine to free its blocks; False if it could not."""
+        """Ask the holding's decode engine to free its blocks now; False if it could not."""
         request_ids = holding.request_ids()
         if not self._releases_enabled or not request_ids:
             return False
-        body = wire.release_body(holding.model, request_ids)
+        return await self._release(holding.decode_url, holding.model, request_ids)
+
+    async def _release(self, decode_url: str, model: str, request_ids: list[str]) -> bool:
+        body = wire.release_body(model, request_ids)
         try:
             async with self._http.post(
-                f"{holding.decode_url}/v1/completions", json=body, timeout=self._release_timeout
+                f"{decode_url}/v1/completions", json=body, timeout=self._release_timeout
             ) as response:
                 released = response.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            logger.debug("release on %s failed: %r", holding.decode_url, exc)
+            logger.debug("release on %s failed: %r", decode_url, exc)
             return False
         return released
 
     async def drain(self) -> None:
         """Wait for background releases (at shutdown)."""
-        if self._background:
+        while self._background:  # a batch's flush starts the batch's requests
             await asyncio.gather(*self._background, return_exceptions=True)

@@ -8,7 +8,6 @@ the router may set.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from starlette.requests import Request
 
 from agentkv import protocol
 from agentkv_server import wire
+from agentkv_server.router import codec
 from agentkv_server.router.auth import session_key
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_format
@@ -119,7 +119,7 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     # ValueError also covers undecodable bytes, NaN/Infinity (not JSON, and engines refuse
     # them) and integers past Python's digit limit; RecursionError, absurdly deep nesting.
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant)
+        body = codec.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise RouterError(
             400, f"Request body is not valid JSON: {_short(exc)}", code="invalid_json"

@@ -70,12 +70,17 @@ class RouterMetrics:
             ["op"],
             registry=self.registry,
         )
-        for path in KVPath:
-            self.turns.labels(path=path.value)
+        # Each path's children, looked up once rather than per turn (a path's TTFT series
+        # appears with its first turn, as before).
+        self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
+        self._ttft_by_path: dict[KVPath, Histogram] = {}
 
     def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:
-        self.turns.labels(path=path.value).inc()
-        self.ttft.labels(path=path.value).observe(ttft_s)
+        self._turns_by_path[path].inc()
+        ttft = self._ttft_by_path.get(path)
+        if ttft is None:
+            ttft = self._ttft_by_path[path] = self.ttft.labels(path=path.value)
+        ttft.observe(ttft_s)
         self.reused_tokens.inc(reused)
         self.recomputed_tokens.inc(recomputed)
 

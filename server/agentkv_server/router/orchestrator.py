@@ -30,9 +30,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from agentkv_server import wire
+from agentkv_server.router.codec import JSONBytesResponse
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import StreamEditor
 from agentkv_server.router.holdings import HoldingKeeper
@@ -352,7 +353,7 @@ class Orchestrator:
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
         _log_breakdown(turn)
-        return JSONResponse(answer, headers=turn.headers())
+        return JSONBytesResponse(answer, headers=turn.headers())
 
     async def _stream(
         self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
@@ -473,6 +474,8 @@ def _unservable(turn: Turn) -> RouterError:
 
 
 def _log_breakdown(turn: Turn) -> None:
+    if not logger.isEnabledFor(logging.DEBUG):  # the breakdown is formatted before the call
+        return
     logger.debug(
         "session %s turn %s: %s reused=%d computed=%d",
         turn.request.session_id,

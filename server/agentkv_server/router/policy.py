@@ -127,7 +127,11 @@ class LinearFit:
         anchored = list(self._sums)
         _accumulate(anchored, 0.0, self._prior[0], self._ANCHOR_WEIGHT)
         w, wx, wxx, wy, wxy = anchored
-        slope = max((w * wxy - wx * wy) / (w * wxx - wx * wx), _MIN_SECONDS_PER_TOKEN)
+        spread = w * wxx - wx * wx
+        if spread <= 0.0:  # every measurement at zero tokens, as the anchor: no slope to fit
+            slope = self._prior[1]
+        else:
+            slope = max((w * wxy - wx * wy) / spread, _MIN_SECONDS_PER_TOKEN)
         return max((wy - slope * wx) / w, 0.0), slope
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -29,6 +30,19 @@ T = TypeVar("T")
 
 # Unreachable, timing out, or answering garbage (a value that no longer parses).
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError, ValueError, TypeError)
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(seconds: float, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` under a timeout, in the caller's task (wait_for makes a task per call)."""
+        async with asyncio.timeout(seconds):
+            return await call()
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _within(seconds: float, call: Callable[[], Awaitable[T]]) -> T:
+        return await asyncio.wait_for(call(), seconds)
 
 
 class ResilientStore:
@@ -81,7 +95,7 @@ class ResilientStore:
         if not self.available:
             return fallback
         try:
-            result = await asyncio.wait_for(call(), self._timeout_s)
+            result = await _within(self._timeout_s, call)
         except _FAILURES as exc:
             self._fail(op, exc)
             return fallback

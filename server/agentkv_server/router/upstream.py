@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from agentkv_server.router import codec
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.turn import STUCK, UNREACHABLE, ErrorKind
 
@@ -79,7 +80,7 @@ async def post_json(
     except aiohttp.ClientError as exc:
         raise EngineFailure(engine, "protocol", str(exc)) from exc
     try:
-        answer = json.loads(raw)
+        answer = codec.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EngineFailure(engine, "protocol", f"answer is not JSON: {exc}") from exc
     if not isinstance(answer, dict):

@@ -96,6 +96,7 @@ class StubEngine:
     name: str
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     healthy: bool = True
+    record: bool = True  # keep every request in ``requests`` (off for long load runs)
     report_cached_tokens: bool = True
     delay_s: float = 0.0
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
@@ -158,6 +159,10 @@ class StubEngine:
         while self._reports:
             await asyncio.gather(*list(self._reports), return_exceptions=True)
 
+    def _record(self, request: web.Request, body: dict[str, Any]) -> None:
+        if self.record:
+            self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+
     async def _thaw(self) -> None:
         while self.frozen:
             await asyncio.sleep(0.01)
@@ -184,7 +189,7 @@ class StubEngine:
         """vLLM's ``POST /tokenize``: the prompt's tokens as a completion would see them."""
         await self._thaw()
         body = await request.json()
-        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        self._record(request, body)
         count = count_prompt_tokens(body)
         return web.json_response({"count": count, "max_model_len": MAX_TOKENS, "tokens": []})
 
@@ -196,7 +201,7 @@ class StubEngine:
             return _error(400, "request body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "request body is not a JSON object")
-        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        self._record(request, body)
         if (problem := invalid_body(body)) is not None:
             return _error(400, problem)
         if self.faults:

@@ -77,6 +77,17 @@ def test_measured_slow_local_prefill_sends_mid_size_parts_to_pull():
     assert policy.decide(held(3000), NOW, idle(400)).path is KVPath.PULL
 
 
+def test_local_turns_without_new_tokens_keep_the_prior_rate():
+    """A session that resends its prompt (a retry) has no new tokens: every local sample is
+    at zero tokens, which fixes no slope. Found by scripts/router_vs_rust.py: every later
+    decision divided by zero (HTTP 500 for each of the session's turns)."""
+    policy = cost_model()
+    for _ in range(5):
+        policy.observe_local(0, 0.002)
+    assert policy.decide(held(3000), NOW, idle(0)).path == "local"
+    assert policy.predicted_local_s(400) == pytest.approx(0.002 + 400 / 2000, rel=0.05)
+
+
 def test_unknown_new_part_or_disabled_local_never_goes_local():
     assert cost_model().decide(held(3000), NOW, None).path is KVPath.PULL
     assert not cost_model(enabled=False).considers_local
@@ -133,6 +144,7 @@ async def test_follow_up_goes_local_without_prefill_or_transfer(make_router, cap
     holding = await router.state.store.take("s1")
     assert holding is not None and holding.decode_url == holder.url
     assert holding.num_tokens == (500 + 2) + (2 + 2) + (4 + 2) + (20 + 2) + 4  # prompt, output
+    await router.state.keeper.drain()  # releases run in the background
     assert old_id in holder.released
     assert await router.metric('agentkv_turns_total{path="local"}') == 1
     assert await router.metric("agentkv_reused_tokens_total") == held

@@ -249,6 +249,24 @@ async def test_tiny_history_is_recomputed_and_its_holding_released(make_router):
     assert held_id in router.decode[0].released
 
 
+async def test_releases_close_together_go_to_their_engine_as_one_request(make_router):
+    router = await make_router()
+    for session in ("s1", "s2"):
+        await router.chat(conversation(1, 50), session=session)
+    holdings = [await router.state.store.take(session) for session in ("s1", "s2")]
+    ids = sorted(holding.params["remote_request_id"] for holding in holdings if holding)
+    decode = router.decode[0]
+    sent = len(decode.requests)
+
+    router.state.keeper.release_soon(holdings[:1])
+    router.state.keeper.release_soon(holdings[1:])
+    await router.state.keeper.drain()
+
+    assert [sorted(r.kv_params["agentkv_release"]) for r in decode.requests[sent:]] == [ids]
+    assert sorted(decode.released) == ids
+    assert not decode.retained
+
+
 async def test_decode_prefers_the_holder(make_router):
     router = await make_router(n_decode=3)
     await router.chat(conversation(1, 500), session="s1")
