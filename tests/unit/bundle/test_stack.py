@@ -11,6 +11,7 @@ import pytest
 
 from agentkv_server.bundle.launcher import EngineSpec
 from agentkv_server.bundle.model import tool_call_logit_bias
+from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 from agentkv_server.errors import ConfigError
 
@@ -48,8 +49,14 @@ def test_each_stack_gets_its_own_secret() -> None:
 
 
 def test_plan_gives_each_engine_its_own_ports_cores_and_log(tmp_path: Path) -> None:
+    (router_port,) = free_ports(1)  # plan() checks the router's port: not 8000, maybe taken
     config = StackConfig(
-        model=str(tmp_path), prefill=1, decode=2, cpu_cores=(0, 1, 2, 3, 4, 5), log_dir=tmp_path
+        model=str(tmp_path),
+        prefill=1,
+        decode=2,
+        port=router_port,
+        cpu_cores=(0, 1, 2, 3, 4, 5),
+        log_dir=tmp_path,
     )
     specs = Stack(config).plan()
     assert [spec.role for spec in specs] == ["prefill", "decode", "decode"]
@@ -60,7 +67,7 @@ def test_plan_gives_each_engine_its_own_ports_cores_and_log(tmp_path: Path) -> N
     assert {spec.served_name for spec in specs} == {tmp_path.name}
     for spec in specs:
         assert spec.env == {
-            "AGENTKV_ROUTER_URL": "http://127.0.0.1:8000",
+            "AGENTKV_ROUTER_URL": f"http://127.0.0.1:{router_port}",
             "AGENTKV_SECRET": config.secret,
         }
 

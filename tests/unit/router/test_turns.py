@@ -106,11 +106,11 @@ async def test_a_streamed_turn_ends_only_once_its_holding_is_reported(make_route
 
 async def test_the_wait_for_a_report_is_bounded(make_router):
     router = await make_router(timeouts={"report_s": 0.05})
-    router.cluster.engines[-1].report_delay_s = 0.5  # later than the router waits
+    router.cluster.engines[-1].report_delay_s = 2.0  # far later than the router waits
 
     began = time.monotonic()
     first = await stream_without_waiting_for_reports(router, 1)
-    assert time.monotonic() - began < 0.45
+    assert time.monotonic() - began < 1.5  # margin for a loaded machine
     assert first.text.rstrip().endswith("data: [DONE]")
     second = await stream_without_waiting_for_reports(router, 2)
     assert second.headers["x-agentkv-kv-path"] == "recompute"
