@@ -27,15 +27,17 @@ SECRET_ENV: Final = "AGENTKV_SECRET"
 class ConnectorSettings:
     """Everything ``AgentKVConnector`` adds to NixlConnector's configuration.
 
-        ``default_retention_seconds`` applies when a request names no retention; requests may ask
-        for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` bounds how long
-        a prefill engine waits for one pull (handshake and read) before it recomputes instead; a peer
-    whose transfer failed gets no handshake, read or heartbeat for ``dead_peer_seconds``. An engine with nothing
-        to compute for ``idle_grace_seconds`` waits ``idle_sleep_seconds`` per step, growing up
-        to ``idle_max_wait_seconds`` while new requests can end the wait (``idle.py``; a sleep of
-        0 turns that off). NIXL's progress thread sleeps up to ``nixl_progress_delay_us`` between
-        UCX events (``progress.py``; 0 is NIXL's own busy poll); ``demote_transfer_threads`` moves
-        the threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``).
+            ``default_retention_seconds`` applies when a request names no retention; requests may ask
+            for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` bounds how long
+            a prefill engine waits for one pull (handshake and read) before it recomputes instead; a peer
+        whose transfer failed gets no handshake, read or heartbeat for ``dead_peer_seconds``; the
+    handshake listener of each peer a read is waiting on is probed every ``peer_probe_seconds``
+    (``peers.py``; 0 turns that off). An engine with nothing
+            to compute for ``idle_grace_seconds`` waits ``idle_sleep_seconds`` per step, growing up
+            to ``idle_max_wait_seconds`` while new requests can end the wait (``idle.py``; a sleep of
+            0 turns that off). NIXL's progress thread sleeps up to ``nixl_progress_delay_us`` between
+            UCX events (``progress.py``; 0 is NIXL's own busy poll); ``demote_transfer_threads`` moves
+            the threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``).
     """
 
     default_retention_seconds: float = DEFAULT_RETENTION_SECONDS
@@ -46,6 +48,7 @@ class ConnectorSettings:
     report_timeout_seconds: float = 2.0
     pull_timeout_seconds: float = 30.0
     dead_peer_seconds: float = 10.0
+    peer_probe_seconds: float = 1.0
     nixl_progress_delay_us: int = 10_000
     demote_transfer_threads: bool = True
     idle_grace_seconds: float = 0.1
@@ -61,6 +64,7 @@ class ConnectorSettings:
             "idle_max_wait_seconds",
             "nixl_progress_delay_us",
             "dead_peer_seconds",
+            "peer_probe_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -94,6 +98,7 @@ class ConnectorSettings:
             report_timeout_seconds=float(extra.get("agentkv_report_timeout_seconds", 2.0)),
             pull_timeout_seconds=float(extra.get("agentkv_pull_timeout_seconds", 30.0)),
             dead_peer_seconds=float(extra.get("agentkv_dead_peer_seconds", 10.0)),
+            peer_probe_seconds=float(extra.get("agentkv_peer_probe_ms", 1000.0)) / 1000,
             nixl_progress_delay_us=int(extra.get("agentkv_nixl_progress_delay_us", 10_000)),
             demote_transfer_threads=bool(extra.get("agentkv_demote_transfer_threads", True)),
             idle_grace_seconds=float(extra.get("agentkv_idle_grace_ms", 100.0)) / 1000,

@@ -22,7 +22,9 @@ Five changes to upstream:
 * **Dead peers.** A read that ends in an error (NIXL_ERR_REMOTE_DISCONNECT from a killed holder)
   fails its request at once, drops its handle even when NIXL will not release it, fails every
   other pull from that engine, and quarantines the engine for ``dead_peer_seconds``: no
-  handshake, read or heartbeat goes to it meanwhile (docs/connector.md, "Dead peers").
+  handshake, read or heartbeat goes to it meanwhile. A peer a read waits on is probed off the
+  worker thread (``peers.py``): a refused connection counts as that error (docs/connector.md,
+  "Dead peers").
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from agentkv_server.connector.affinity import (
 )
 from agentkv_server.connector.deadlines import Deadlines
 from agentkv_server.connector.log import get_logger
+from agentkv_server.connector.peers import PeerProbe
 from agentkv_server.connector.progress import nixl_progress_delay
 from agentkv_server.connector.settings import ConnectorSettings
 
@@ -56,6 +59,8 @@ logger = get_logger(__name__)
 # How long an abandoned pull's id is remembered: longer than any handshake can still complete
 # (upstream's 5 s ZMQ timeout per remote rank).
 _ABANDONED_MEMORY_SECONDS = 600.0
+# A live listener on this machine or its network answers a connect in well under this.
+_PEER_PROBE_TIMEOUT_SECONDS = 0.5
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
@@ -83,6 +88,11 @@ class AgentKVWorker(NixlPullConnectorWorker):
         self._abandoned = Deadlines()
         self._quarantine = Deadlines()
         self._dead_peer_seconds = settings.dead_peer_seconds
+        self._peer_probe = (
+            PeerProbe(timeout=_PEER_PROBE_TIMEOUT_SECONDS, interval=settings.peer_probe_seconds)
+            if settings.peer_probe_seconds > 0
+            else None
+        )
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         now = time.monotonic()
@@ -118,12 +128,32 @@ class AgentKVWorker(NixlPullConnectorWorker):
         super()._read_blocks_for_req(req_id, meta)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
-        self._abandoned.pop_overdue(time.monotonic())
+        now = time.monotonic()
+        self._abandoned.pop_overdue(now)
+        self._probe_read_peers(now)
         self._abort_overdue_pulls()
         results = super().get_transfer_results()
         for req_id in results.finished_recving:
             self._pull_deadlines.discard(req_id)
         return results
+
+    def shutdown(self) -> None:
+        if self._peer_probe is not None:
+            self._peer_probe.shutdown()
+        super().shutdown()
+
+    def _probe_read_peers(self, now: float) -> None:
+        """Quarantine peers whose handshake listener is gone; probe those reads wait on."""
+        if self._peer_probe is None:
+            return
+        for engine_id in self._peer_probe.dead():
+            logger.warning("Engine %s refuses connections: its process is gone.", engine_id)
+            self._quarantine_peer(engine_id)
+        for req_id in self._recving_transfers:
+            meta = self._recving_metadata.get(req_id)
+            if meta is not None and meta.remote is not None:
+                remote = meta.remote
+                self._peer_probe.probe(remote.engine_id, remote.host, remote.port, now)
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
         """Upstream's poll; a failed read also fails every other pull from the same engine."""
@@ -142,9 +172,10 @@ class AgentKVWorker(NixlPullConnectorWorker):
         does) cannot: UCX has failed it, and in a READ every byte that lands in our blocks comes
         from the peer, which is gone. The dropped handle is left to NIXL's own finalizer.
         """
+        running = self._transfer_running(handle)  # NIXL's state, before release overwrites it
         if super()._try_release_xfer_handle(req_id, handle):
             return True
-        if self._transfer_running(handle):
+        if running:
             return False
         logger.warning(
             "Dropping the ended transfer of request %s that NIXL did not release.", req_id

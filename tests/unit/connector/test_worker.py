@@ -54,6 +54,7 @@ def bare_worker(nixl: FakeNixl) -> AgentKVWorker:
     worker._abandoned = Deadlines()
     worker._quarantine = Deadlines()
     worker._dead_peer_seconds = 10.0
+    worker._peer_probe = None
     worker._recving_transfers = {}
     worker._recving_metadata = {}
     worker._recv_failures = set()
@@ -199,3 +200,31 @@ def test_overdue_handshake_is_abandoned_and_its_late_completion_posts_nothing(
     assert worker._recv_failures == {"handshaking"}
     upstream_read.assert_not_called()
     assert nixl.released == []
+
+
+def test_a_peer_whose_listener_is_gone_fails_its_reads_at_once() -> None:
+    nixl = FakeNixl()  # every read still PROC: UCX has not noticed the peer's death
+    worker = bare_worker(nixl)
+    worker._peer_probe = FakeProbe(dead=["decode"])
+    pulling(worker, "stuck", [7])
+    pulling(worker, "elsewhere", [8], engine="other")
+
+    worker._probe_read_peers(now=0.0)
+
+    assert nixl.released == [7]
+    assert worker._recv_failures == {"stuck"}
+    assert "decode" in worker._quarantine
+    assert worker._peer_probe.probed == [("other", "h", 1)]  # the quarantined one is failed
+
+
+class FakeProbe:
+    def __init__(self, dead: list[str]) -> None:
+        self._dead = dead
+        self.probed: list[tuple[str, str, int]] = []
+
+    def dead(self) -> list[str]:
+        dead, self._dead = self._dead, []
+        return dead
+
+    def probe(self, peer: str, host: str, port: int, now: float) -> None:
+        self.probed.append((peer, host, port))
