@@ -138,8 +138,9 @@ class AgentKVWorker(NixlPullConnectorWorker):
         return results
 
     def shutdown(self) -> None:
-        if self._peer_probe is not None:
-            self._peer_probe.shutdown()
+        probe = getattr(self, "_peer_probe", None)  # absent when the constructor failed
+        if probe is not None:
+            probe.shutdown()
         super().shutdown()
 
     def _probe_read_peers(self, now: float) -> None:
@@ -151,8 +152,8 @@ class AgentKVWorker(NixlPullConnectorWorker):
             self._quarantine_peer(engine_id)
         for req_id in self._recving_transfers:
             meta = self._recving_metadata.get(req_id)
-            if meta is not None and meta.remote is not None:
-                remote = meta.remote
+            remote = None if meta is None else meta.remote
+            if remote is not None and remote.engine_id not in self._quarantine:
                 self._peer_probe.probe(remote.engine_id, remote.host, remote.port, now)
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
