@@ -1,21 +1,26 @@
-"""What the examples share: where the server is, the local tools, and the per-turn report.
+"""What the examples share: where the server is, the task and its real tools, the turn report.
+
+The task: read a file in a temporary folder, add two numbers found in it, look a country's
+capital up in a table, then answer in text. Each model call but the last is made to call the
+tool of its step (``tool_choice`` names it); the tools really run. The schemas are bounded
+(file names and countries are ``enum`` lists, numbers have a range, ``strict`` tools): a small
+model decodes its arguments under them, and unbounded strings are where SmolLM2-135M loops
+(docs/integrations.md has the measured call rates, scripts/measure_tool_calls.py measures them).
 
 Environment: AGENTKV_BASE_URL (default http://127.0.0.1:8000/v1, what ``agentkv serve`` listens
 on), AGENTKV_MODEL (default: the server's first model), OPENAI_API_KEY (default "-"),
-AGENTKV_TURNS (model calls per run, default 6, at least 2), AGENTKV_TOOL_LOGIT_BIAS (a JSON
-``logit_bias`` sent with every request; ``agentkv serve`` sets it for its random-weight model).
-
-The examples force a tool call on every turn but the last (``tool_choice`` names a function or
-says ``required``). A random-weight model still never closes the call's JSON on its own; the
-logit bias above favours the tokens that close it. Its arguments remain nonsense, so the tools
-accept arguments that do not parse.
+AGENTKV_TURNS (model calls per run, default 4, at least 2), AGENTKV_TOOL_LOGIT_BIAS (a JSON
+``logit_bias`` sent with every request; ``agentkv serve`` sets it only for a random-weight test
+model, whose words are noise and which never closes a JSON string without it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -24,12 +29,36 @@ import agentkv
 
 BASE_URL = os.environ.get("AGENTKV_BASE_URL", "http://127.0.0.1:8000/v1")
 API_KEY = os.environ.get("OPENAI_API_KEY", "-")
-TURNS = max(2, int(os.environ.get("AGENTKV_TURNS", "6")))
+TURNS = max(2, int(os.environ.get("AGENTKV_TURNS", "4")))
 LOGIT_BIAS: dict[str, int] | None = json.loads(os.environ.get("AGENTKV_TOOL_LOGIT_BIAS") or "null")
-MAX_TOKENS = 64
+MAX_TOKENS = 48
+
+# The folder the file tools work in, and the lookup table.
+FILES = {
+    "prices.txt": "bread: 3\nmilk: 2\ncheese: 7\n",
+    "notes.txt": "Buy bread and milk on Monday.\n",
+    "todo.txt": "Call Anna. Water the plants.\n",
+}
+CAPITALS = {"France": "Paris", "Italy": "Rome", "Japan": "Tokyo", "Spain": "Madrid"}
+
 PROMPT = (
-    "Plan a trip to Paris: check the weather, add up the costs, and count the words of the plan."
+    "Read the file prices.txt, add the price of bread and the price of milk, "
+    "and look up the capital of Italy."
 )
+# One short worked example: a 135M model copies the call format and the habit of taking
+# arguments from the conversation.
+SYSTEM = (
+    "You are a helpful assistant with tools. Call one tool at a time, with arguments taken "
+    "from the user's request and the tool results. Example:\n"
+    "user: What is 4 plus 5?\n"
+    'assistant: <tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}</tool_call>\n'
+    "tool: 9\n"
+    "assistant: 4 plus 5 is 9."
+)
+
+_folder = Path(tempfile.mkdtemp(prefix="agentkv-example-"))
+for _name, _text in FILES.items():
+    (_folder / _name).write_text(_text)
 
 
 def model_name() -> str:
@@ -40,59 +69,75 @@ def model_name() -> str:
     return openai.OpenAI(base_url=BASE_URL, api_key=API_KEY).models.list().data[0].id
 
 
-def weather(city: str = "Paris") -> str:
-    """Today's weather in a city."""
-    return f"{city}: sunny, 21 C"
+def read_file(name: str) -> str:
+    """Reads a text file of the work folder."""
+    path = _folder / Path(str(name)).name
+    return path.read_text() if path.is_file() else f"error: no file named {name!r}"
 
 
-def add(a: float = 0, b: float = 0) -> str:
-    """Adds two numbers."""
+def add(a: int, b: int) -> str:
+    """Adds two whole numbers."""
     try:
-        return str(float(a) + float(b))
+        return str(int(a) + int(b))
     except (TypeError, ValueError):
-        return "error: a and b must be numbers"
+        return "error: a and b must be whole numbers"
 
 
-def word_count(text: str = "") -> str:
-    """Counts the words of a text."""
-    return str(len(str(text).split()))
+def capital(country: str) -> str:
+    """Looks up the capital city of a country."""
+    return CAPITALS.get(str(country), f"error: {country!r} is not in the table")
 
 
-TOOLS: dict[str, Callable[..., str]] = {"weather": weather, "add": add, "word_count": word_count}
+TOOLS: dict[str, Callable[..., str]] = {"read_file": read_file, "add": add, "capital": capital}
+PLAN = list(TOOLS)  # the tool each step calls, in order
 
 
-def _object(**properties: str) -> dict[str, Any]:
-    """A strict JSON schema of an object whose named properties all have the given types."""
+def _object(**properties: dict[str, Any]) -> dict[str, Any]:
+    """A strict JSON schema of an object with exactly these properties."""
     return {
         "type": "object",
-        "properties": {name: {"type": kind} for name, kind in properties.items()},
+        "properties": properties,
         "required": list(properties),
         "additionalProperties": False,
     }
 
 
-# Strict schemas: the server decodes arguments under them (OpenAI's ``strict`` function tools).
+_NUMBER = {"type": "integer", "minimum": 0, "maximum": 999}
+# Bounded schemas: the server decodes arguments under them (OpenAI's ``strict`` function tools).
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "weather": _object(city="string"),
-    "add": _object(a="number", b="number"),
-    "word_count": _object(text="string"),
+    "read_file": _object(name={"type": "string", "enum": sorted(FILES)}),
+    "add": _object(a=_NUMBER, b=_NUMBER),
+    "capital": _object(country={"type": "string", "enum": sorted(CAPITALS)}),
 }
+TOOL_SPECS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": tool.__doc__,
+            "parameters": SCHEMAS[name],
+            "strict": True,
+        },
+    }
+    for name, tool in TOOLS.items()
+]
 
 
 def tool_for_turn(turn: int) -> str:
-    """The tool forced on a turn (1-based): each in turn."""
-    names = list(TOOLS)
-    return names[(turn - 1) % len(names)]
+    """The tool a turn (1-based) calls: the plan's steps in order."""
+    return PLAN[(turn - 1) % len(PLAN)]
 
 
 def run_tool(name: str, arguments: str | dict[str, Any] | None) -> str:
-    """Runs a local tool; unparsable or unexpected arguments become the tool's defaults."""
+    """Runs a tool; arguments that do not fit its schema come back as an error message."""
     tool = TOOLS.get(name)
     if tool is None:
         return f"error: no tool named {name!r}"
     kwargs = _parse(arguments)
-    expected = SCHEMAS[name]["properties"]
-    return tool(**{key: value for key, value in kwargs.items() if key in expected})
+    expected = SCHEMAS[name]["required"]
+    if sorted(kwargs) != sorted(expected):
+        return f"error: {name} takes {', '.join(expected)}; got {json.dumps(kwargs)}"
+    return tool(**kwargs)
 
 
 def _parse(arguments: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -103,6 +148,12 @@ def _parse(arguments: str | dict[str, Any] | None) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
+
+
+def format_call(name: str, arguments: str | dict[str, Any] | None, result: str) -> str:
+    """One line per tool call: what the model asked for and what the tool answered."""
+    shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return f"  tool {name}({shown}) -> {result.strip()!r}"
 
 
 def format_turn(info: agentkv.TurnInfo) -> str:
@@ -116,7 +167,7 @@ def format_turn(info: agentkv.TurnInfo) -> str:
 
 
 def summary(session: agentkv.Session) -> str:
-    """Turns, how many reused KV, and mean TTFT of the first turn against the later ones."""
+    """Turns, how many reused KV, and the first turn's TTFT against the follow-ups'."""
     turns = session.turns
     reused = [t for t in turns if t.kv_path == "reuse"]
     later = [t.ttft_seconds for t in turns[1:] if t.ttft_seconds is not None]
@@ -128,12 +179,18 @@ def summary(session: agentkv.Session) -> str:
     if first is not None:
         parts.append(f"TTFT first turn {first:.3f} s")
     if later:
-        parts.append(f"later turns mean {sum(later) / len(later):.3f} s")
+        mean = sum(later) / len(later)
+        parts.append(f"follow-ups mean {mean:.3f} s")
+        if first is not None and mean > 0:
+            verdict = "faster" if mean < first else "NOT faster"
+            parts.append(f"follow-ups {first / mean:.1f}x {verdict} than the first turn")
     return ", ".join(parts)
 
 
-def report(session: agentkv.Session) -> None:
-    """Prints every turn of ``session``, then its summary."""
+def report(session: agentkv.Session, answer: str | None = None) -> None:
+    """Prints every turn of ``session``, the final answer, then the summary."""
     for info in session.turns:
         print(format_turn(info), flush=True)
+    if answer is not None:
+        print(f"answer: {answer.strip()}", flush=True)
     print(summary(session), flush=True)

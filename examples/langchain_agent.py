@@ -3,6 +3,9 @@
     .venv/bin/agentkv serve --run "python examples/langchain_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/langchain_agent.py
 
+Does the task of _common.py (a file, an addition, a lookup table) with LangChain tools over the
+same functions, prints each tool call, the turns' TTFT and KV path, and the answer.
+
 What agentkv changes in a LangGraph program: ``ChatOpenAI`` comes from ``agentkv_langchain``
 and the run's callbacks hold an ``AgentKVCallbackHandler``; the thread id is the session id.
 """
@@ -17,24 +20,40 @@ from _common import (
     LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
+    SCHEMAS,
+    SYSTEM,
+    TOOLS,
     TURNS,
-    add,
+    format_call,
     model_name,
     report,
+    run_tool,
     tool_for_turn,
-    weather,
-    word_count,
 )
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import tool
+from langchain_core.tools import StructuredTool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentkv_langchain import AgentKVCallbackHandler, ChatOpenAI, thread_session
 
-TOOLS = [tool(weather), tool(add), tool(word_count)]
+
+def lang_tool(name: str) -> StructuredTool:
+    """A LangChain tool over one of _common's functions, with its bounded schema."""
+
+    def invoke(**arguments: object) -> str:
+        result = run_tool(name, dict(arguments))
+        print(format_call(name, dict(arguments), result), flush=True)
+        return result
+
+    return StructuredTool.from_function(
+        invoke, name=name, description=TOOLS[name].__doc__, args_schema=SCHEMAS[name]
+    )
+
+
+LANG_TOOLS = [lang_tool(name) for name in TOOLS]
 
 
 def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
@@ -45,14 +64,14 @@ def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
         if turn >= TURNS:
             thread_session(config["configurable"]["thread_id"]).end_next_turn()
         choice = "none" if turn >= TURNS else tool_for_turn(turn)
-        reply = model.bind_tools(TOOLS, tool_choice=choice, strict=True).invoke(
+        reply = model.bind_tools(LANG_TOOLS, tool_choice=choice, strict=True).invoke(
             state["messages"], config
         )
         return {"messages": [reply]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode(TOOLS))
+    graph.add_node("tools", ToolNode(LANG_TOOLS))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
@@ -75,8 +94,11 @@ def main() -> None:
         "recursion_limit": 4 * TURNS,
     }
     print(f"LangGraph agent: {TURNS} turns of {model.model_name} at {BASE_URL}", flush=True)
-    build_graph(model).invoke({"messages": [HumanMessage(PROMPT)]}, config)
-    report(thread_session(thread_id))
+    print(f"task: {PROMPT}", flush=True)
+    final = build_graph(model).invoke(
+        {"messages": [SystemMessage(SYSTEM), HumanMessage(PROMPT)]}, config
+    )
+    report(thread_session(thread_id), str(final["messages"][-1].content))
 
 
 if __name__ == "__main__":

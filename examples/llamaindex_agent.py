@@ -3,40 +3,77 @@
     .venv/bin/agentkv serve --run "python examples/llamaindex_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/llamaindex_agent.py
 
+Does the task of _common.py (a file, an addition, a lookup table) with LlamaIndex function tools
+whose typed signatures give the same bounded schemas, prints each tool call, the turns' TTFT and
+KV path, and the answer.
+
 What agentkv changes in a LlamaIndex program: ``OpenAILike`` comes from ``agentkv_llamaindex``,
 and the run starts with ``agentkv_llamaindex.run(workflow, ...)`` instead of ``workflow.run(...)``.
 (``FunctionAgent`` works the same way; this workflow spells its loop out so that it can force a
-tool on each turn, which a random-weight model needs.)
+tool on each step, which a 135M model needs: docs/integrations.md.)
 """
 
-from __future__ import annotations
-
 import asyncio
+from typing import Literal
 
 from _common import (
     API_KEY,
     BASE_URL,
+    CAPITALS,
+    FILES,
     LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
+    SYSTEM,
     TURNS,
-    add,
+    format_call,
     model_name,
     report,
     run_tool,
     tool_for_turn,
-    weather,
-    word_count,
 )
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool, ToolSelection
+from pydantic import BaseModel, Field
 from workflows import Workflow, step
 from workflows.events import Event, StartEvent, StopEvent
 
 import agentkv
 from agentkv_llamaindex import OpenAILike, run
 
-TOOLS = [FunctionTool.from_defaults(fn) for fn in (weather, add, word_count)]
+# Evaluated annotations (no `from __future__ import annotations`): LlamaIndex builds each tool's
+# schema from them, so a Literal becomes an enum.
+FileName = Literal[tuple(sorted(FILES))]  # type: ignore[valid-type]
+Country = Literal[tuple(sorted(CAPITALS))]  # type: ignore[valid-type]
+
+
+class Numbers(BaseModel):
+    """add's arguments with their range (a signature's Field bounds are not carried over)."""
+
+    a: int = Field(ge=0, le=999)
+    b: int = Field(ge=0, le=999)
+
+
+def read_file(name: FileName) -> str:
+    """Reads a text file of the work folder."""
+    return run_tool("read_file", {"name": name})
+
+
+def add(a: int, b: int) -> str:
+    """Adds two whole numbers."""
+    return run_tool("add", {"a": a, "b": b})
+
+
+def capital(country: Country) -> str:
+    """Looks up the capital city of a country."""
+    return run_tool("capital", {"country": country})
+
+
+TOOLS = [
+    FunctionTool.from_defaults(read_file),
+    FunctionTool.from_defaults(add, fn_schema=Numbers),
+    FunctionTool.from_defaults(capital),
+]
 
 
 class ToolCalls(Event):
@@ -47,7 +84,7 @@ class ToolResults(Event):
     pass
 
 
-class TravelAgent(Workflow):
+class TaskAgent(Workflow):
     """Calls the model, runs the tools it asks for, and loops until the last turn."""
 
     def __init__(self, llm: OpenAILike) -> None:
@@ -57,7 +94,10 @@ class TravelAgent(Workflow):
 
     @step
     async def start(self, ev: StartEvent) -> ToolResults:
-        self.history = [ChatMessage(role="user", content=ev.prompt)]
+        self.history = [
+            ChatMessage(role="system", content=SYSTEM),
+            ChatMessage(role="user", content=ev.prompt),
+        ]
         return ToolResults()
 
     @step
@@ -79,11 +119,11 @@ class TravelAgent(Workflow):
     @step
     async def act(self, ev: ToolCalls) -> ToolResults:
         for call in ev.calls:
+            result = run_tool(call.tool_name, call.tool_kwargs)
+            print(format_call(call.tool_name, call.tool_kwargs, result), flush=True)
             self.history.append(
                 ChatMessage(
-                    role="tool",
-                    content=run_tool(call.tool_name, call.tool_kwargs),
-                    additional_kwargs={"tool_call_id": call.tool_id},
+                    role="tool", content=result, additional_kwargs={"tool_call_id": call.tool_id}
                 )
             )
         return ToolResults()
@@ -101,9 +141,10 @@ async def main() -> None:
         additional_kwargs={"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else {},
     )
     print(f"LlamaIndex workflow: {TURNS} turns of {llm.model} at {BASE_URL}", flush=True)
+    print(f"task: {PROMPT}", flush=True)
     session = agentkv.session()
-    await run(TravelAgent(llm), prompt=PROMPT, session=session)
-    report(session)
+    answer = await run(TaskAgent(llm), prompt=PROMPT, session=session)
+    report(session, str(answer or ""))
 
 
 if __name__ == "__main__":

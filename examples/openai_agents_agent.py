@@ -3,6 +3,10 @@
     .venv/bin/agentkv serve --run "python examples/openai_agents_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/openai_agents_agent.py
 
+Does the task of _common.py (a file, an addition, a lookup table) with ``tool_choice:
+required`` on every turn (the model picks the tool), prints each tool call, the turns' TTFT and
+KV path, and the last tool result as the answer.
+
 What agentkv changes in an Agents SDK program: ``Runner`` comes from ``agentkv_openai_agents``
 and the model's client is an ``agentkv.AsyncOpenAI``. A run given a memory session
 (``SQLiteSession``) uses that conversation's agentkv session, whose id is the memory session's.
@@ -22,8 +26,10 @@ from _common import (
     MAX_TOKENS,
     PROMPT,
     SCHEMAS,
+    SYSTEM,
     TOOLS,
     TURNS,
+    format_call,
     model_name,
     report,
     run_tool,
@@ -48,7 +54,9 @@ def local_tool(name: str, func: Callable[..., str]) -> FunctionTool:
     """A tool over one of _common's local functions and its strict schema."""
 
     async def invoke(context: Any, arguments: str) -> str:
-        return run_tool(name, arguments)
+        result = run_tool(name, arguments)
+        print(format_call(name, arguments, result), flush=True)
+        return result
 
     return FunctionTool(
         name=name,
@@ -77,8 +85,8 @@ class StopAfterToolTurns:
 async def main() -> None:
     client = agentkv.AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY)
     agent = Agent(
-        name="travel planner",
-        instructions="You are a travel planner. Use the tools.",
+        name="assistant",
+        instructions=SYSTEM,
         model=OpenAIChatCompletionsModel(model=model_name(), openai_client=client),
         model_settings=ModelSettings(
             tool_choice="required",
@@ -92,10 +100,11 @@ async def main() -> None:
     )
     memory = SQLiteSession(f"agents-{uuid.uuid4().hex[:12]}")
     print(f"Agents SDK run: {TURNS - 1} turns at {BASE_URL}", flush=True)
-    await Runner.run(
+    print(f"task: {PROMPT}", flush=True)
+    result = await Runner.run(
         agent, PROMPT, session=memory, max_turns=TURNS, run_config=RunConfig(tracing_disabled=True)
     )
-    report(conversation_session(memory))
+    report(conversation_session(memory), str(result.final_output or ""))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
     .venv/bin/agentkv serve --run "python examples/tool_loop.py"       # local stack
     AGENTKV_BASE_URL=https://host/v1 python examples/tool_loop.py    # any OpenAI-compatible server
 
-Prints, per model call, its TTFT and whether the router reused the KV cache, then a summary.
+Does the task of _common.py with real tools (a file in a temporary folder, an addition, a
+lookup table), printing each tool call, then per model call its TTFT and whether the router
+reused the KV cache, the answer, and a summary of first-turn against follow-up TTFT.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from _common import (
     LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
-    SCHEMAS,
-    TOOLS,
+    SYSTEM,
+    TOOL_SPECS,
     TURNS,
+    format_call,
     format_turn,
     model_name,
     run_tool,
@@ -28,22 +31,9 @@ from _common import (
 
 import agentkv
 
-TOOL_SPECS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": tool.__doc__,
-            "parameters": SCHEMAS[name],
-            "strict": True,
-        },
-    }
-    for name, tool in TOOLS.items()
-]
-
 
 def tool_choice(turn: int) -> Any:
-    """Forces a tool on every turn but the last, which must answer in text."""
+    """The step's tool on every turn but the last, which must answer in text."""
     if turn == TURNS:
         return "none"
     return {"type": "function", "function": {"name": tool_for_turn(turn)}}
@@ -53,10 +43,12 @@ def main() -> None:
     client = agentkv.OpenAI(base_url=BASE_URL, api_key=API_KEY)
     model = model_name()
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a travel planner. Use the tools."},
+        {"role": "system", "content": SYSTEM},
         {"role": "user", "content": PROMPT},
     ]
     print(f"agentkv tool loop: {TURNS} turns of {model} at {BASE_URL}", flush=True)
+    print(f"task: {PROMPT}", flush=True)
+    answer = ""
     with agentkv.session() as session:
         for turn in range(1, TURNS + 1):
             if turn == TURNS:
@@ -71,7 +63,10 @@ def main() -> None:
                 **({"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else {}),
             )
             print(format_turn(session.last_turn), flush=True)
-            messages.extend(follow_up(reply.choices[0].message))
+            message = reply.choices[0].message
+            answer = message.content or ""
+            messages.extend(follow_up(message))
+    print(f"answer: {answer.strip()}", flush=True)
     print(summary(session), flush=True)
 
 
@@ -81,14 +76,12 @@ def follow_up(message: Any) -> list[dict[str, Any]]:
     assistant: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
     if calls:
         assistant["tool_calls"] = calls
-    results = [
-        {
-            "role": "tool",
-            "tool_call_id": call["id"],
-            "content": run_tool(call["function"]["name"], call["function"]["arguments"]),
-        }
-        for call in calls
-    ]
+    results = []
+    for call in calls:
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        result = run_tool(name, arguments)
+        print(format_call(name, arguments, result), flush=True)
+        results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
     return [assistant, *(results or [{"role": "user", "content": "Go on."}])]
 
 

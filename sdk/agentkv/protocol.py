@@ -38,7 +38,7 @@ __all__ = [
 HEADER_SESSION_ID: Final = "x-session-id"
 BODY_SESSION_ID: Final = "prompt_cache_key"
 
-# Every convention the router accepts, in priority order (DESIGN.md section 4). Lower case:
+# Every convention the router accepts, in priority order (docs/protocol.md). Lower case:
 # HTTP header names are case-insensitive.
 SESSION_ID_HEADERS: Final = ("x-session-id", "x-dynamo-session-id", "x-litellm-session-id")
 SESSION_ID_BODY_FIELDS: Final = ("prompt_cache_key", "conversation_id")

@@ -3,15 +3,16 @@
 AgentKVError                 (agentkv, the SDK's root: one hierarchy for the project)
  └── AgentKVServerError
       ├── ConfigError        bad settings or command-line options
-      └── EngineError        an engine could not be started, reached or used
-           └── PortInUseError  a port it needed was taken (other ports may work)
+      ├── EngineError        an engine could not be started, reached or used
+      │    └── PortInUseError  a port it needed was taken (other ports may work)
+      └── ModelError         a model could not be found, prepared or verified
 """
 
 from __future__ import annotations
 
 from agentkv import AgentKVError
 
-__all__ = ["AgentKVServerError", "ConfigError", "EngineError", "PortInUseError"]
+__all__ = ["AgentKVServerError", "ConfigError", "EngineError", "ModelError", "PortInUseError"]
 
 
 class AgentKVServerError(AgentKVError):
@@ -28,3 +29,7 @@ class EngineError(AgentKVServerError):
 
 class PortInUseError(EngineError):
     """A server could not bind a port it was given; the same start on other ports may work."""
+
+
+class ModelError(AgentKVServerError):
+    """A model's package is missing, or its weights failed to convert or verify."""

@@ -2,16 +2,35 @@
 
 Everything a deployment can tune lives here, grouped in small frozen value objects (timeouts,
 retention, cost model) so that call sites read ``settings.timeouts.prefill_s`` rather than a
-long flat list. Build it in code, from the CLI (``agentkv router``), or from a dict/JSON with
-``Settings.model_validate``.
+long flat list. Build it in code, from a dict with ``Settings.model_validate``, or in layers with
+:func:`load_settings`: a ``--config`` file (JSON or YAML), then ``AGENTKV_*`` environment
+variables (``AGENTKV_POLICY=never``, ``AGENTKV_TIMEOUTS__PREFILL_S=30``), then command-line
+options (``agentkv router``).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
-from typing import Literal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings.exceptions import SettingsError
+
+from agentkv_server.errors import ConfigError
 
 __all__ = [
     "CostModelSettings",
@@ -20,7 +39,13 @@ __all__ = [
     "RetentionSettings",
     "Settings",
     "Timeouts",
+    "environment_settings",
+    "load_settings",
+    "read_config_file",
 ]
+
+ENV_PREFIX = "AGENTKV_"
+"""``AGENTKV_<FIELD>`` sets a field; ``__`` reaches into a group: ``AGENTKV_RETENTION__MAX_S``."""
 
 PolicyName = Literal["agentkv", "upstream", "never", "always"]
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
@@ -174,3 +199,73 @@ class Settings(_Frozen):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"engine URL must start with http:// or https://: {url!r}")
         return tuple(url.rstrip("/") for url in urls)
+
+
+_LIST_FIELDS = frozenset({"prefill_urls", "decode_urls", "api_keys"})
+
+
+class _Environment(EnvSettingsSource):
+    """``AGENTKV_*`` variables; list fields also as comma-separated text (``a,b``)."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if field_name in _LIST_FIELDS and not str(value).lstrip().startswith("["):
+            return [part.strip() for part in str(value).split(",") if part.strip()]
+        return super().decode_complex_value(field_name, field, value)
+
+
+def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings that ``AGENTKV_*`` variables of ``environ`` (default: this process's) set."""
+    source = _Environment(
+        Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
+    )
+    if environ is not None:
+        source.env_vars = {key.lower(): value for key, value in environ.items()}
+    try:
+        return source()
+    except SettingsError as exc:
+        raise ConfigError(f"environment: {exc}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A ``--config`` file: a JSON or YAML mapping of Settings fields."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid JSON: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        reason = getattr(exc, "problem", None) or "cannot parse"
+        raise ConfigError(f"config file {path}: not valid YAML: {reason}{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings, got {data!r:.40}")
+    return data
+
+
+def load_settings(*layers: Mapping[str, Any], source: str = "settings") -> Settings:
+    """Settings from ``layers``, each overriding the ones before it (groups merge by field);
+    ConfigError naming every bad field, on one line."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = _merge(merged, layer)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from None
+
+
+def _merge(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            value = _merge(merged[key], value)
+        merged[key] = value
+    return merged

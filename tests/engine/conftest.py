@@ -1,6 +1,8 @@
 """One stack for the whole engine tier: the router, one prefill and one decode engine (AgentKV
-connector, tiny fp32 model), started once per test run. Engines take ~30 s or more to start
-on a CPU, so every engine test shares them; a test that must break an engine starts its own."""
+connector, tiny fp32 test model), started once per test run, and a second such stack of the
+real default model (SmolLM2-135M, fp32) for the tests that need real words: the examples, a
+factual answer, and the oracle on real logits. Engines take ~30 s or more to start on a CPU, so
+the tests share them; a test that must break an engine starts its own."""
 
 from __future__ import annotations
 
@@ -51,8 +53,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The default model (converted on first use), as ``agentkv serve`` serves it, in fp32."""
+    config = StackConfig(
+        model=None,
+        dtype="float32",
+        port=0,
+        log_dir=tmp_path_factory.mktemp("real-logs"),
+        router_settings=ALWAYS_PULL,
+    )
+    with Stack(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def probe(stack: Stack) -> KVProbe:
     """Plays the router's part by hand against the stack's P and D (token-id prompts)."""
+    return probe_of(stack)
+
+
+@pytest.fixture(params=["stack", "real_stack"])
+def oracle_probe(request: pytest.FixtureRequest) -> KVProbe:
+    """A probe of the tiny test model's stack, then of the real model's."""
+    return probe_of(request.getfixturevalue(request.param))
+
+
+def probe_of(stack: Stack) -> KVProbe:
     p, d = stack.prefill[0].url, stack.decode[0].url
     # A bounded wait: a request the KV path leaves hanging fails its test instead of the run.
     return KVProbe(

@@ -1,10 +1,10 @@
-"""The runnable examples against the real stack (router + vLLM P/D, random-weight model).
+"""The runnable examples against the real stack (router + vLLM P/D) and the real default model.
 
-The model's words are noise, so this checks what every example promises on any model: it
-finishes, prints one line per model call with the router's KV path, every turn after the first
-follows tool results (the forced, strict tool calls come back complete: the stack's client
-environment carries the test model's logit bias), and follow-up turns reuse the decode engine's
-KV. What the frameworks put on the wire is checked over loopback in tests/unit/integrations.
+Checks what every example promises: it finishes, prints one line per model call with the
+router's KV path, every turn after the first follows tool results, every tool call it printed
+had arguments its tool accepted (the bounded schemas guarantee it when a call parses), and
+follow-up turns reuse the decode engine's KV. What the frameworks put on the wire is checked over
+loopback in tests/unit/integrations.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from agentkv_server.bundle.stack import Stack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TURN_LINE = re.compile(r"^turn +(\d+)  ttft +[\d.]+ s  kv (reuse|recompute|fallback)")
+TOOL_LINE = re.compile(r"^  tool (\w+)\((.*)\) -> (.*)$")
 
 pytestmark = pytest.mark.engine
 
 
-def run_example(stack: Stack, example: str, turns: int) -> list[re.Match[str]]:
+def run_example(stack: Stack, example: str, turns: int) -> tuple[list[re.Match[str]], list[str]]:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / example)],
         check=False,
@@ -35,7 +36,9 @@ def run_example(stack: Stack, example: str, turns: int) -> list[re.Match[str]]:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return [m for line in done.stdout.splitlines() if (m := TURN_LINE.match(line))]
+    lines = done.stdout.splitlines()
+    tool_results = [m.group(3) for line in lines if (m := TOOL_LINE.match(line))]
+    return [m for line in lines if (m := TURN_LINE.match(line))], tool_results
 
 
 @pytest.mark.parametrize(
@@ -49,10 +52,12 @@ def run_example(stack: Stack, example: str, turns: int) -> list[re.Match[str]]:
     ],
 )
 def test_example_runs_a_tool_loop_that_reuses_kv(
-    stack: Stack, example: str, model_calls: int
+    real_stack: Stack, example: str, model_calls: int
 ) -> None:
-    lines = run_example(stack, example, turns=4)
+    lines, tool_results = run_example(real_stack, example, turns=4)
     assert [int(m.group(1)) for m in lines] == list(range(1, model_calls + 1))
     assert lines[0].group(2) in {"recompute", "fallback"}
     assert any(m.group(2) == "reuse" for m in lines[1:])
     assert all("after tool results" in m.string for m in lines[1:])
+    assert len(tool_results) == 3
+    assert not [result for result in tool_results if "error" in result]

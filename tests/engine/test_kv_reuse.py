@@ -1,6 +1,6 @@
 """KV reuse across turns on real engines, judged by the oracle of docs/engines.md.
 
-The oracle, on the fp32 test model: the first token's top-5 logprobs after a pull must equal
+The oracle, on the fp32 tiny test model and on the fp32 real model: the first token's top-5 logprobs after a pull must equal
 (1) D's answer to the same prompt from its own prefix cache, which uses the very KV the pull
 copies, and (2) a full recompute, within LOGPROB_TOLERANCE. The negative control proves that the
 oracle catches wrong KV: fooled into loading another conversation's KV, P answers differently.
@@ -38,7 +38,10 @@ def fresh() -> dict[str, str]:
     return {"cache_salt": f"fresh-{time.time_ns()}"}
 
 
-def test_each_turn_pulls_what_the_decode_engine_holds_and_matches_recompute(probe: KVProbe) -> None:
+def test_each_turn_pulls_what_the_decode_engine_holds_and_matches_recompute(
+    oracle_probe: KVProbe,
+) -> None:
+    probe = oracle_probe
     prompt = tokens(1, HISTORY)
     holding = None
     for turn in range(1, 4):
@@ -62,9 +65,10 @@ def test_each_turn_pulls_what_the_decode_engine_holds_and_matches_recompute(prob
         prompt = prompt + decode.token_ids + tokens(100 + turn, NEW)
 
 
-def test_the_oracle_catches_wrong_kv(probe: KVProbe) -> None:
+def test_the_oracle_catches_wrong_kv(oracle_probe: KVProbe) -> None:
     """Negative control. Two conversations of equal length; P is given B's blocks under a
     fingerprint of A's tokens, so prefix verification lets the wrong KV through."""
+    probe = oracle_probe
     a, b = tokens(2, HISTORY), tokens(3, HISTORY)
     _, held_a = probe.turn(a, max_tokens=OUTPUT, retention_seconds=120)
     _, held_b = probe.turn(b, max_tokens=OUTPUT, retention_seconds=120)

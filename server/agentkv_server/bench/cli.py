@@ -65,8 +65,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="preset",
         help="same as --preset quick (CI smoke test)",
     )
-    shape.add_argument("--sessions", type=int)
-    shape.add_argument("--turns", type=int)
+    shape.add_argument("--sessions", type=int, help="agent sessions per history length")
+    shape.add_argument("--turns", type=int, help="turns per session")
     shape.add_argument(
         "--history-tokens",
         type=_int_list,
@@ -83,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument("--concurrency", type=int, help="sessions active at once")
     shape.add_argument("--repeats", type=int, help="runs of the whole workload per mode")
-    shape.add_argument("--seed", type=int)
+    shape.add_argument("--seed", type=int, help="seed of the workload's random draws")
     where = parser.add_argument_group("engines")
     where.add_argument(
         "--modes",
@@ -94,11 +94,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--model",
-        help="local stack: model preset or directory; "
-        "external engines: served model name (default: asked from the engine)",
+        help="local stack: a model name (default: the preset's, smollm2 for cpu, the tiny "
+        "random-weight test model for quick) or directory; external engines: served model name "
+        "(default: asked from the engine)",
     )
-    where.add_argument("--prefill-url", action="append", default=[], metavar="URL")
-    where.add_argument("--decode-url", action="append", default=[], metavar="URL")
+    where.add_argument(
+        "--prefill-url", action="extend", nargs="+", default=[], metavar="URL",
+        help="running prefill engines (repeatable): bench runs each mode's router in front",
+    )  # fmt: skip
+    where.add_argument(
+        "--decode-url", action="extend", nargs="+", default=[], metavar="URL",
+        help="running decode engines (repeatable; needs --secret)",
+    )  # fmt: skip
     where.add_argument(
         "--aggregated-url",
         action="append",
@@ -110,7 +117,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--router-port",
         type=int,
         default=8000,
-        help="port of bench's routers: the decode engines' agentkv_router_url",
+        help="port of bench's routers: the decode engines' agentkv_router_url (8000)",
     )
     where.add_argument(
         "--secret",
@@ -145,7 +152,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="RESULTS_JSON",
         help="only render the report of an earlier run's results.json",
     )
-    out.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
+    out.add_argument(
+        "--request-timeout", type=float, default=600.0, metavar="S",
+        help="seconds one turn may take before it counts as failed (600)",
+    )  # fmt: skip
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -156,9 +166,12 @@ def run(args: argparse.Namespace) -> int:
             result = BenchResult.from_dict(json.loads(args.from_json.read_text()))
         else:
             result = _measure(args, _plan(args), out_dir)
-    except AgentKVServerError as exc:  # engines that would not start, bad options: no traceback
+    except ConfigError as exc:  # bad options: no traceback
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 2
+    except AgentKVServerError as exc:  # engines that would not start
+        print(f"agentkv bench: {exc}", file=sys.stderr)
+        return 1
     write_report(result, out_dir)
     print((out_dir / MARKDOWN_NAME).read_text())
     print(f"results: {out_dir.resolve()}", file=sys.stderr)

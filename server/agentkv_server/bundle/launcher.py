@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agentkv_server.bundle.model import TOOL_CALL_PARSER, built_dtype
+from agentkv_server.bundle.chat_template import TOOL_CALL_PARSER
+from agentkv_server.bundle.model_cache import built_dtype
 from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
 
@@ -92,7 +93,7 @@ class EngineSpec:
     device: Device = "cpu"
     cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "2-3"
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
-    dtype: str | None = None  # --dtype; None: a test model's own dtype, else vLLM's "auto"
+    dtype: str | None = None  # --dtype; None: the dtype agentkv prepared it in, else "auto"
     engine_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     # NIXL's engine id is ``name`` (readable, unique on one host) unless vLLM should draw a

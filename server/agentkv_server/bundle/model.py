@@ -1,9 +1,11 @@
-"""The local test model: a Llama with seeded random weights and a locally trained tokenizer.
+"""Which model ``--model`` means, and the random-weight test models.
 
-Tests and ``agentkv serve`` need a model that vLLM loads like any other, without a model hub.
-A model is built on first use into a cache directory (``AGENTKV_CACHE_DIR``, default
-``~/.cache/agentkv/models``) and reused afterwards; nothing large is committed. Building is
-atomic (a temporary directory renamed into place), so concurrent first uses are safe.
+``--model`` is a model directory, the real default model ``smollm2`` (SmolLM2-135M-Instruct,
+converted from an installed package: packaged_model.py), or a random-weight *test model*
+(``tiny``, ``small``): a Llama with seeded random weights and a locally trained tokenizer,
+which starts fast and exercises the KV path, but whose words are noise. Test models are built
+on first use into the model cache (model_cache.py) and reused afterwards; nothing large is
+committed.
 
 The weights use the usual 0.02-std init. Measured on the tiny preset at 2k tokens of context
 (docs/engines.md): a wrong KV prefix moves the top-5 first-token logprobs by ~0.9 nats, bf16
@@ -14,80 +16,43 @@ from noise. A larger init spreads the logits but makes bf16 noise as large as a 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
+from agentkv_server.bundle.chat_template import CHAT_TEMPLATE
+from agentkv_server.bundle.model_cache import (
+    MANIFEST,
+    Dtype,
+    build_atomically,
+    built_dtype,
+    cache_dir,
+    manifest,
+)
+from agentkv_server.bundle.packaged_model import PACKAGED_MODELS, ensure_packaged_model
 from agentkv_server.errors import ConfigError
 
 __all__ = [
-    "CHAT_TEMPLATE",
-    "DEFAULT_PRESET",
+    "DEFAULT_MODEL",
+    "MODEL_NAMES",
     "PRESETS",
-    "TOOL_CALL_PARSER",
     "Dtype",
     "ModelPreset",
     "build_model",
     "built_dtype",
     "cache_dir",
     "ensure_model",
+    "is_test_model",
     "resolve_model",
     "tool_call_logit_bias",
 ]
 
-Dtype = Literal["float32", "bfloat16", "float16"]
-
 # Bumped whenever a change here would produce a different model for the same preset.
 BUILDER_VERSION = 1
-
-# vLLM's parser for the `<tool_call>{json}</tool_call>` format the chat template uses.
-TOOL_CALL_PARSER = "hermes"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
-MANIFEST = "agentkv_model.json"  # how a directory was built: preset, dtype, seed, builder
-
-# ChatML with Hermes-style tools: every turn's rendering is a prefix of the next turn's, which
-# is what makes KV reuse across turns possible at all.
-CHAT_TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}# Tools
-You may call one or more functions. Function signatures are inside <tools></tools>:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-To call a function, answer with <tool_call>{"name": <function-name>, \
-"arguments": <args-json-object>}</tool_call><|im_end|>
-{% elif messages[0].role == 'system' %}<|im_start|>system
-{{ messages[0].content }}<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}\
-<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% elif message.role == 'assistant' %}<|im_start|>assistant
-{{ message.content or '' }}
-{%- for call in message.tool_calls or [] %}
-{%- set fn = call.function if call.function is defined else call %}<tool_call>
-{"name": "{{ fn.name }}", "arguments": \
-{% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% elif message.role == 'tool' %}<|im_start|>tool
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
 
 
 @dataclass(frozen=True)
@@ -110,75 +75,60 @@ class ModelPreset:
         return f"agentkv-{self.name}"
 
 
+# Random-weight test models: fast to start, words are noise.
 PRESETS: dict[str, ModelPreset] = {
-    # ~4.5M parameters: starts fast, default for tests and `agentkv serve`.
+    # ~4.5M parameters: starts fast, for the tests.
     "tiny": ModelPreset("tiny", 256, 4, 4, 4, 768, 4096, tie_embeddings=True),
     # ~100M parameters: prefill cost is visible on a CPU, for measurements.
     "small": ModelPreset("small", 1024, 8, 16, 4, 2560, 8192, tie_embeddings=False),
 }
 
-DEFAULT_PRESET = "tiny"
-
-
-def cache_dir() -> Path:
-    """Where built models live: ``$AGENTKV_CACHE_DIR`` or ``~/.cache/agentkv/models``."""
-    configured = os.environ.get("AGENTKV_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "agentkv" / "models"
+# The real model `agentkv serve` and `agentkv bench` use unless told otherwise.
+DEFAULT_MODEL = "smollm2"
+MODEL_NAMES = (*PACKAGED_MODELS, *PRESETS)
 
 
 def ensure_model(
-    preset: str = DEFAULT_PRESET,
+    preset: str = "tiny",
     *,
     dtype: Dtype = "float32",
     seed: int = 0,
     root: Path | None = None,
 ) -> Path:
-    """Return the directory of a built model, building it first if it is not cached yet."""
+    """Return the directory of a built test model, building it first if it is not cached yet."""
     spec = _preset(preset)
-    root = root or cache_dir()
-    target = root / f"{spec.served_name}-{dtype}-s{seed}-v{BUILDER_VERSION}"
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        build_model(spec, staging, dtype=dtype, seed=seed)
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not a lost race with another builder
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    target = (root or cache_dir()) / f"{spec.served_name}-{dtype}-s{seed}-v{BUILDER_VERSION}"
+    return build_atomically(
+        target, lambda staging: build_model(spec, staging, dtype=dtype, seed=seed)
+    )
 
 
-def resolve_model(model: str | None, *, dtype: Dtype = "float32") -> tuple[Path, str]:
-    """Map ``--model`` (a preset name, a directory, or None for the default) to a model
-    directory and the name vLLM should serve it under."""
-    name = model or DEFAULT_PRESET
+def resolve_model(
+    model: str | None, *, dtype: Dtype = "float32", root: Path | None = None
+) -> tuple[Path, str]:
+    """Map ``--model`` (a model name, a directory, or None for the default) to a model
+    directory, prepared first if needed, and the name vLLM should serve it under."""
+    name = model or DEFAULT_MODEL
+    if name in PACKAGED_MODELS:
+        packaged = PACKAGED_MODELS[name]
+        return ensure_packaged_model(packaged, dtype=dtype, root=root), packaged.served_name
     if name in PRESETS:
-        return ensure_model(name, dtype=dtype), PRESETS[name].served_name
+        return ensure_model(name, dtype=dtype, root=root), PRESETS[name].served_name
     path = Path(name).expanduser()
     if not path.is_dir():
         raise ConfigError(
-            f"--model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a directory"
+            f"--model {name!r} is neither a model name ({', '.join(MODEL_NAMES)}) nor a directory"
         )
     return path.resolve(), path.name
 
 
-def built_dtype(model_dir: Path) -> Dtype | None:
-    """The dtype a test model was built in (None for any other model directory).
-
-    Engines must be told: vLLM's ``--dtype auto`` serves float32 weights as bfloat16, which
-    would quietly turn the fp32 oracle model into a bf16 one."""
-    try:
-        return json.loads((model_dir / MANIFEST).read_text())["dtype"]
-    except (OSError, ValueError, KeyError):
-        return None
+def is_test_model(model_dir: Path) -> bool:
+    """Whether ``model_dir`` holds a random-weight test model (whose words are noise)."""
+    return "preset" in (manifest(model_dir) or {})
 
 
 def tool_call_logit_bias(model_dir: Path, strength: int = 12) -> dict[str, int]:
-    """An OpenAI ``logit_bias`` that makes the random model close what it opens.
+    """An OpenAI ``logit_bias`` that makes a random-weight test model close what it opens.
 
     Random weights almost never pick the token that ends a JSON string, nor the ``:`` after a
     key, and a JSON grammar lets them pad with whitespace forever, so a forced tool call runs to

@@ -29,7 +29,7 @@ from agentkv_server.bundle.launcher import (
     EngineSpec,
     Role,
 )
-from agentkv_server.bundle.model import Dtype, built_dtype, resolve_model, tool_call_logit_bias
+from agentkv_server.bundle.model import Dtype, is_test_model, resolve_model, tool_call_logit_bias
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
@@ -45,7 +45,7 @@ PORT_ATTEMPTS = 3
 
 ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
 # What the examples read (examples/_common.py): where to send requests, and for a random-weight
-# test model the logit_bias that lets it write complete tool calls.
+# test model the logit_bias that lets it write complete tool calls (a real model needs none).
 CLIENT_BASE_URL_ENV = "AGENTKV_BASE_URL"
 CLIENT_MODEL_ENV = "AGENTKV_MODEL"
 CLIENT_LOGIT_BIAS_ENV = "AGENTKV_TOOL_LOGIT_BIAS"
@@ -56,7 +56,7 @@ class StackConfig:
     """What to start. ``port`` is the router's (0: any free port); engines take free ports
     from ``port_base`` on (None: ``$AGENTKV_PORT_BASE`` or 20000; never the ephemeral range)."""
 
-    model: str | None = None  # a preset name or a model directory; None: the tiny preset
+    model: str | None = None  # a model name or directory; None: the default (smollm2)
     dtype: Dtype = "float32"
     prefill: int = 1
     decode: int = 1
@@ -123,7 +123,7 @@ class Stack:
     def client_environment(self) -> dict[str, str]:
         """The environment an agent program needs to use this stack (the examples read it)."""
         env = {CLIENT_BASE_URL_ENV: f"{self.endpoint}/v1", CLIENT_MODEL_ENV: self.served_name}
-        if self.model_dir is not None and built_dtype(self.model_dir) is not None:
+        if self.model_dir is not None and is_test_model(self.model_dir):
             env[CLIENT_LOGIT_BIAS_ENV] = json.dumps(tool_call_logit_bias(self.model_dir))
         return env
 
@@ -235,8 +235,8 @@ class Stack:
             "--config", str(settings_file),
             "--host", config.host,
             "--port", str(self._router_port),
-            "--prefill", *(engine.url for engine in self.prefill),
-            "--decode", *(engine.url for engine in self.decode),
+            "--prefill-url", *(engine.url for engine in self.prefill),
+            "--decode-url", *(engine.url for engine in self.decode),
         ]  # fmt: skip
         url = f"http://{config.host}:{self._router_port}"
         return ManagedProcess(

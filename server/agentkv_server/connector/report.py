@@ -4,23 +4,34 @@ vLLM returns a finished request's ``kv_transfer_params`` only in non-streaming r
 the router would never learn what a streamed turn left on the decode engine. The connector
 sees every finish, so it reports the params itself: ``POST {"ticket", "kv_transfer_params"}``
 to the router. Reports leave from one background thread through a bounded queue; the engine's
-scheduler never waits on the network, and a report that cannot be queued or delivered is
-dropped and logged (the router then treats the session's next turn as a recompute).
+scheduler never waits on the network. The thread keeps one connection to the router alive and
+retries a failed delivery a bounded number of times (a stale kept-alive connection, a router
+restarting, a 5xx); a report that cannot be queued or delivered is dropped and logged (the router
+then treats the session's next turn as a recompute).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from agentkv_server.connector.log import get_logger
 
-__all__ = ["SECRET_HEADER", "HoldingReporter", "Post", "post_json"]
+__all__ = ["SECRET_HEADER", "HoldingReporter", "KeepAlivePost", "Post"]
 
 logger = get_logger(__name__)
 
@@ -32,14 +43,53 @@ Post = Callable[[str, bytes, Mapping[str, str], float], int]
 _STOP: Final = object()
 
 
-def post_json(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> int:
-    """POST ``body`` with the standard library (engines carry no HTTP client of ours)."""
-    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
+# Deliveries tried per report, and the pause before a retry: a retry holds up the reports queued
+# behind it, and the router waits only ``timeouts.report_s`` (0.5 s) for a streamed turn's report.
+ATTEMPTS: Final = 3
+_RETRY_WAIT = wait_exponential(multiplier=0.05, max=0.2)
+
+
+class KeepAlivePost:
+    """POST with the standard library over one kept-alive connection (engines carry no HTTP
+    client of ours); a connection that failed is dropped and the next call opens a new one.
+    Not thread-safe: the reporter's thread is its only user."""
+
+    def __init__(self) -> None:
+        self._connection: http.client.HTTPConnection | None = None
+        self._origin: tuple[str, str, int | None] | None = None
+
+    def __call__(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> int:
+        parts = urllib.parse.urlsplit(url)
+        connection = self._connect(parts, timeout)
+        try:
+            connection.request("POST", parts.path or "/", body=body, headers=dict(headers))
+            with connection.getresponse() as response:
+                response.read()
+                return int(response.status)
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+        self._connection = None
+
+    def _connect(
+        self, parts: urllib.parse.SplitResult, timeout: float
+    ) -> http.client.HTTPConnection:
+        origin = (parts.scheme, parts.hostname or "", parts.port)
+        if self._connection is None or origin != self._origin:
+            self.close()
+            kind = (
+                http.client.HTTPSConnection
+                if parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            self._connection = kind(origin[1], origin[2], timeout=timeout)
+            self._origin = origin
+        self._connection.timeout = timeout
+        return self._connection
 
 
 class HoldingReporter:
@@ -55,14 +105,15 @@ class HoldingReporter:
         secret: str | None = None,
         queue_size: int = 1024,
         timeout: float = 2.0,
-        post: Post = post_json,
+        post: Post | None = None,
     ) -> None:
         self._url = url
         self._headers = {"content-type": "application/json"}
         if secret:
             self._headers[SECRET_HEADER] = secret
         self._timeout = timeout
-        self._post = post
+        self._own_post = KeepAlivePost() if post is None else None
+        self._post = post or self._own_post
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(
             target=self._run, name="agentkv-holding-reporter", daemon=True
@@ -99,12 +150,28 @@ class HoldingReporter:
         while (report := self._queue.get()) is not _STOP:
             assert isinstance(report, dict)
             self._deliver(report)
+        if self._own_post is not None:
+            self._own_post.close()
 
     def _deliver(self, report: dict[str, Any]) -> None:
         body = json.dumps(report, separators=(",", ":")).encode()
+        retrying = Retrying(
+            stop=stop_after_attempt(ATTEMPTS),
+            wait=_RETRY_WAIT,
+            retry=retry_if_exception_type((OSError, http.client.HTTPException))
+            | retry_if_result(lambda status: status >= 500),
+        )
         try:
-            status = self._post(self._url, body, self._headers, self._timeout)
-        except (OSError, ValueError) as error:
+            status = retrying(self._post, self._url, body, self._headers, self._timeout)
+        except RetryError as error:
+            logger.warning(
+                "Holding report for ticket %s not delivered after %d attempts: %s",
+                report["ticket"],
+                ATTEMPTS,
+                _outcome(error),
+            )
+            return
+        except ValueError as error:  # a URL http.client cannot use: retrying will not help
             logger.warning(
                 "Holding report for ticket %s not delivered: %s", report["ticket"], error
             )
@@ -115,3 +182,8 @@ class HoldingReporter:
                 report["ticket"],
                 status,
             )
+
+
+def _outcome(error: RetryError) -> str:
+    last = error.last_attempt
+    return repr(last.exception()) if last.failed else f"HTTP {last.result()}"

@@ -8,7 +8,7 @@ Five changes to upstream:
   the one that runs every forward pass. Its ``VLLM_CPU_OMP_THREADS_BIND`` core is overridden,
   so on a small machine every engine's forward thread lands on the same last core, next to
   the other engines' spinning threads, and a prefill engine can starve for minutes (the
-  "stall" in DESIGN.md section 5). We restore the thread's own affinity after upstream's
+  "stall" in docs/connector.md). We restore the thread's own affinity after upstream's
   constructor; threads NIXL started meanwhile keep the reserved core, as upstream intends.
 * **Progress thread paced.** NIXL's progress thread polls without pause, a core per engine
   even when nothing moves; the agent is built with a poll timeout (``progress.py``), so the

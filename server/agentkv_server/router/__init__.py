@@ -1,6 +1,6 @@
 """agentkv's router: session-aware prefill/decode orchestration with KV reuse.
 
-Start one with ``agentkv router --prefill URL --decode URL`` or, in code,
+Start one with ``agentkv router --prefill-url URL --decode-url URL`` or, in code,
 ``uvicorn.run(create_app(Settings(...)))``. docs/router.md explains the design.
 """
 

@@ -2,6 +2,7 @@
 
 Routes:
   POST   /v1/chat/completions, /v1/completions   turns (streamed or not), see orchestrator.py
+  POST   /v1/responses                            the same, stateless (formats.py)
   GET    /v1/models                               an engine's model list
   DELETE /v1/sessions/{id}                        end a session, release its KV
   POST   /internal/v1/kv-holdings                 decode engines' holding reports (shared secret)
@@ -178,6 +179,15 @@ def _add_routes(app: FastAPI) -> None:
         state = _state(request)
         turn = await read_request(
             request, "completion", state.settings.max_body_bytes, _tenant(request)
+        )
+        return await state.orchestrator.serve(turn, started)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        started = time.monotonic()
+        state = _state(request)
+        turn = await read_request(
+            request, "responses", state.settings.max_body_bytes, _tenant(request)
         )
         return await state.orchestrator.serve(turn, started)
 

@@ -1,42 +1,72 @@
 """``agentkv router``: run the router in front of running prefill and decode engines.
 
-``add_arguments`` and ``settings_from_args`` are public so that ``agentkv serve`` offers the same
-options and builds the same :class:`~agentkv_server.settings.Settings`.
+Settings come in layers, each overriding the one before: defaults, the ``--config`` file (JSON
+or YAML), ``AGENTKV_*`` environment variables (every field: ``AGENTKV_DECODE_URLS=http://d:8200``,
+``AGENTKV_TIMEOUTS__PREFILL_S=30``), then the options given. ``add_arguments`` and
+``settings_from_args`` are public so that ``agentkv serve`` offers the same options and builds
+the same :class:`~agentkv_server.settings.Settings`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import logging
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from agentkv_server.errors import ConfigError
-from agentkv_server.settings import Settings
+from agentkv_server.settings import (
+    ENV_PREFIX,
+    Settings,
+    environment_settings,
+    load_settings,
+    read_config_file,
+)
 
-__all__ = ["add_arguments", "configure", "run", "settings_from_args"]
+__all__ = [
+    "DEPRECATED_OPTIONS",
+    "LOG_FORMAT",
+    "add_arguments",
+    "configure",
+    "run",
+    "settings_from_args",
+]
 
 logger = logging.getLogger(__name__)
 
-SECRET_ENV = "AGENTKV_SECRET"
-API_KEYS_ENV = "AGENTKV_API_KEYS"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""Router log lines: time, level, logger, message."""
+
+DEPRECATED_OPTIONS = {
+    "--prefill": "--prefill-url",
+    "--decode": "--decode-url",
+    "--redis": "--redis-url",
+}
+"""Old spellings that still work (``agentkv`` warns): old -> new."""
+
+SECRET_ENV = f"{ENV_PREFIX}SECRET"
+API_KEYS_ENV = f"{ENV_PREFIX}API_KEYS"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The router's options (engine URLs excluded: ``agentkv serve`` starts its own engines)."""
-    parser.add_argument("--config", type=Path, help="JSON file of Settings; options override it")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="JSON or YAML file of settings (docs/router.md); environment and options override it",
+    )
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default 8000)")
     parser.add_argument(
+        "--redis-url",
         "--redis",
         dest="redis_url",
         metavar="URL",
-        help="share sessions through Redis (several router replicas)",
+        help="share sessions through Redis, e.g. redis://host:6379/0 (several router replicas; "
+        "default: in memory)",
     )
     parser.add_argument(
         "--policy",
@@ -56,62 +86,96 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a client API key (repeatable; default ${API_KEYS_ENV}, comma-separated): "
         "clients must send 'Authorization: Bearer KEY' and get their own session namespace",
     )
-    parser.add_argument("--prefill-timeout", type=float, dest="prefill_s", metavar="S")
-    parser.add_argument("--first-token-timeout", type=float, dest="first_token_s", metavar="S")
-    parser.add_argument("--decode-timeout", type=float, dest="decode_s", metavar="S")
-    parser.add_argument("--connect-timeout", type=float, dest="connect_s", metavar="S")
-    parser.add_argument("--max-body-bytes", type=int)
-    parser.add_argument("--max-sessions", type=int)
-    parser.add_argument("--health-interval", type=float, dest="health_interval_s", metavar="S")
+    timeouts = (
+        ("--prefill-timeout", "prefill_s", "a whole prefill step (default 120)"),
+        ("--first-token-timeout", "first_token_s", "a decode step until its first byte (120)"),
+        ("--decode-timeout", "decode_s", "a whole decode step, streaming included (600)"),
+        ("--connect-timeout", "connect_s", "a TCP connect to an engine (2)"),
+    )
+    for flag, dest, what in timeouts:
+        parser.add_argument(flag, type=float, dest=dest, metavar="S", help=f"seconds for {what}")
     parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+        "--max-body-bytes", type=int, metavar="N", help="largest request body (default 16 MiB)"
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="sessions the router indexes before evicting the least recent (default 100000)",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        dest="health_interval_s",
+        metavar="S",
+        help="seconds between engine health checks (default 5)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="router log level (default warning)",
     )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    engines = parser.add_argument_group("engines (or AGENTKV_PREFILL_URLS / AGENTKV_DECODE_URLS)")
+    engines.add_argument(
+        "--prefill-url",
         "--prefill",
+        dest="prefill_urls",
+        action="extend",
         nargs="*",
-        default=[],
         metavar="URL",
-        help="prefill engines (none: decode-only serving)",
+        help="prefill engines (repeatable; none: decode-only serving)",
     )
-    parser.add_argument("--decode", nargs="+", required=True, metavar="URL", help="decode engines")
+    engines.add_argument(
+        "--decode-url",
+        "--decode",
+        dest="decode_urls",
+        action="extend",
+        nargs="+",
+        metavar="URL",
+        help="decode engines (repeatable; at least one)",
+    )
     add_arguments(parser)
 
 
+_OPTION_FIELDS = (
+    "host",
+    "port",
+    "redis_url",
+    "policy",
+    "secret",
+    "max_body_bytes",
+    "max_sessions",
+    "health_interval_s",
+    "prefill_urls",
+    "decode_urls",
+)
+_TIMEOUT_FIELDS = ("prefill_s", "first_token_s", "decode_s", "connect_s")
+
+
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
-    """Settings from ``--config``, then the options given, then ``overrides``."""
-    data: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
-    for name in (
-        "host",
-        "port",
-        "redis_url",
-        "policy",
-        "max_body_bytes",
-        "max_sessions",
-        "health_interval_s",
-    ):
-        if getattr(args, name, None) is not None:
-            data[name] = getattr(args, name)
+    """Settings from ``--config``, then ``AGENTKV_*`` variables, then the options given, then
+    ``overrides``; ConfigError (one line) when they do not make valid settings."""
+    from_file = read_config_file(args.config) if getattr(args, "config", None) else {}
+    given: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in _OPTION_FIELDS
+        if getattr(args, name, None) is not None
+    }
     timeouts = {
         name: getattr(args, name)
-        for name in ("prefill_s", "first_token_s", "decode_s", "connect_s")
+        for name in _TIMEOUT_FIELDS
         if getattr(args, name, None) is not None
     }
     if timeouts:
-        data["timeouts"] = {**data.get("timeouts", {}), **timeouts}
-    secret = args.secret or os.environ.get(SECRET_ENV) or data.get("secret")
-    if secret:
-        data["secret"] = secret
-    api_keys = getattr(args, "api_keys", None) or _split(os.environ.get(API_KEYS_ENV, ""))
-    if api_keys:
-        data["api_keys"] = api_keys
-    data.update(overrides)
-    try:
-        return Settings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(exc)) from exc
+        given["timeouts"] = timeouts
+    if getattr(args, "api_keys", None):
+        given["api_keys"] = args.api_keys
+    source = f"settings (config file {args.config})" if from_file else "settings"
+    return load_settings(from_file, environment_settings(), given, overrides, source=source)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,13 +183,11 @@ def run(args: argparse.Namespace) -> int:
 
     from agentkv_server.router.app import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     try:
-        settings = settings_from_args(
-            args, prefill_urls=args.prefill or [], decode_urls=args.decode
-        )
+        settings = settings_from_args(args)
     except ConfigError as exc:
-        logger.error("agentkv router: %s", exc)
+        print(f"agentkv router: {exc}", file=sys.stderr)
         return 2
     if "secret" not in settings.model_fields_set:
         logger.warning(
@@ -139,18 +201,22 @@ def run(args: argparse.Namespace) -> int:
             "(docs/security.md)",
             settings.host,
         )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        access_log=False,
-    )
+    try:
+        uvicorn.run(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level,
+            access_log=False,
+        )
+    except SystemExit as exc:  # uvicorn's own status for a failed start (3: cannot bind)
+        if exc.code:
+            print(
+                f"agentkv router: could not serve on {settings.host}:{settings.port}",
+                file=sys.stderr,
+            )
+            return 1
     return 0
-
-
-def _split(keys: str) -> list[str]:
-    return [key.strip() for key in keys.split(",") if key.strip()]
 
 
 def _is_loopback(host: str) -> bool:

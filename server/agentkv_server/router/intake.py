@@ -13,17 +13,16 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from starlette.requests import Request
 
 from agentkv import protocol
 from agentkv_server.router.auth import session_key
 from agentkv_server.router.errors import RouterError
+from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_format
 
 __all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_json", "read_request"]
-
-Endpoint = Literal["chat", "completion"]
 
 # Body fields the router consumes; engines never see them.
 _STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, "kv_transfer_params")
@@ -73,10 +72,11 @@ async def read_request(
     authenticates clients their ``authorization`` header is its own and is not forwarded.
     """
     body = await read_json(request, max_body_bytes)
-    _check_fields(body, endpoint)
+    wire = wire_format(endpoint)
+    wire.check(body)
     hints = _resolve_hints(request.headers, body.get(protocol.BODY_FIELD))
     session_id = _resolve_session_id(request.headers, body)
-    for name in _STRIPPED_FIELDS:
+    for name in (*_STRIPPED_FIELDS, *wire.dropped_fields):
         body.pop(name, None)
     headers = _forwarded_headers(request.headers) if tenant is None else {}
     return ClientRequest(
@@ -95,7 +95,7 @@ def _forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
     forwarded = {name: headers[name] for name in _FORWARDED_HEADERS if name in headers}
     for name, value in forwarded.items():
         if _CONTROL_CHARACTERS.search(value):
-            raise _invalid(name, "control characters in a header value")
+            raise invalid_parameter(name, "control characters in a header value")
     return forwarded
 
 
@@ -147,33 +147,6 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _missing("model", "a non-empty string")
-    if endpoint == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _missing("messages", "a non-empty list")
-    elif not isinstance(body.get("prompt"), (str, list)) or not body["prompt"]:
-        raise _missing("prompt", "a non-empty string or list")
-    if not isinstance(body.get("stream", False), bool):
-        raise _invalid("stream", "must be a boolean")
-
-
-def _missing(param: str, what: str) -> RouterError:
-    return RouterError(
-        400,
-        f"'{param}' is required and must be {what}.",
-        param=param,
-        code="missing_required_parameter",
-    )
-
-
-def _invalid(param: str, why: str) -> RouterError:
-    return RouterError(400, f"Invalid '{param}': {why}.", param=param, code="invalid_value")
-
-
 def _resolve_session_id(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
     """First match over every convention in docs/protocol.md section 1, then ``agentkv.session_id``."""
     candidates: list[tuple[str, object]] = [
@@ -211,7 +184,7 @@ def _resolve_hints(headers: Mapping[str, str], meta: object) -> TurnHints:
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):
-        raise _invalid(protocol.BODY_FIELD, "must be an object")
+        raise invalid_parameter(protocol.BODY_FIELD, "must be an object")
     values: dict[str, Any] = {}
     for name, header in _HINT_HEADERS.items():
         if header in headers:
@@ -233,7 +206,7 @@ def _from_header(name: str, header: str, raw: str) -> Any:
         if name == "next_turn_seconds":
             return _check_seconds(float(text))
     except ValueError:
-        raise _invalid(header, f"cannot read {raw!r}") from None
+        raise invalid_parameter(header, f"cannot read {raw!r}") from None
     return raw
 
 
@@ -248,14 +221,14 @@ def _from_body(name: str, value: object) -> Any:
     }
     wrong_bool = isinstance(value, bool) and name in ("turn", "next_turn_seconds")
     if not isinstance(value, expected[name]) or wrong_bool:
-        raise _invalid(param, f"unexpected value {value!r}")
+        raise invalid_parameter(param, f"unexpected value {value!r}")
     try:
         if name == "turn":
             return _check_turn(value)  # type: ignore[arg-type]
         if name == "next_turn_seconds":
             return _check_seconds(float(value))  # type: ignore[arg-type]
     except ValueError:
-        raise _invalid(param, f"unexpected value {value!r}") from None
+        raise invalid_parameter(param, f"unexpected value {value!r}") from None
     return value
 
 

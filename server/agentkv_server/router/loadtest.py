@@ -42,6 +42,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from agentkv import protocol
 from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
@@ -126,21 +134,28 @@ def _process(argv: list[str], **kwargs) -> Iterator[subprocess.Popen[str]]:
 
 
 async def _wait_healthy(url: str, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
+    """Poll ``GET /health`` every 0.1 s until it answers 200."""
+    polls = AsyncRetrying(
+        stop=stop_after_delay(deadline_s),
+        wait=wait_fixed(0.1),
+        retry=retry_if_exception_type(aiohttp.ClientError) | retry_if_result(lambda s: s != 200),
+    )
     async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"{url}/health") as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not become healthy")
+        try:
+            await polls(_health_status, http, url)
+        except RetryError:
+            raise RuntimeError(f"{url} did not become healthy") from None
+
+
+async def _health_status(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(f"{url}/health") as response:
+        return response.status
 
 
 def _router_argv(port: int, secret: str, prefill: list[str], decode: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "agentkv_server.cli", "router", "--port", str(port)]
-    argv += ["--secret", secret, "--decode", *decode, "--log-level", "warning"]
-    return argv + (["--prefill", *prefill] if prefill else [])
+    argv += ["--secret", secret, "--decode-url", *decode, "--log-level", "warning"]
+    return argv + (["--prefill-url", *prefill] if prefill else [])
 
 
 async def _levels(url: str, target: str, args: argparse.Namespace, **kw) -> list[LevelResult]:

@@ -3,15 +3,16 @@
 1. Take the session's holding (atomically: a concurrent turn of the same session gets none) and
    let the policy decide: pull it, or recompute. A pull is planned only from a holder that is
    not known lost since the holding was made and that answers now (watchdog.py).
-2. P step (``max_tokens: 1``): the holding's params plus ``do_remote_decode`` for a reuse, the
-   cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
+2. P step (one output token, formats.py): the holding's params plus ``do_remote_decode`` for a
+   reuse, the cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
    ``fallback``) and on other P engines; with none left the turn is served decode-only.
 3. D step: P's returned params plus agentkv's retention and ticket, preferring the holder as
    decode engine. A D failure before its first byte is retried on another D engine. Streams are
    passed through chunk by chunk once the first chunk is in.
    Every P and D step runs under the watchdog: a step whose engine stops answering or making
    progress is aborted within seconds and served elsewhere, and the engine is suspect.
-4. The holding is replaced from D's response body (non-streamed) or D's report (streamed).
+4. The holding is replaced from D's response body (non-streamed), D's report (streamed), or
+   the last event of a streamed Responses answer, whichever comes first.
 
 The client sees an error only when no engine can serve it, or when an engine refused the
 request itself (a 4xx, passed back as the engine wrote it).
@@ -31,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agentkv import protocol
 from agentkv_server.router.errors import RouterError
+from agentkv_server.router.formats import StreamEditor, WireFormat, wire_format
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.metrics import KVPath, RouterMetrics
@@ -53,10 +55,6 @@ COLD_PREFILL_PARAMS: dict[str, Any] = {
     "remote_host": None,
     "remote_port": None,
 }
-_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-_SSE_DONE = b"data: [DONE]"
-# Fields that make no sense for a one-token prefill step (min_tokens > 1 would even be refused).
-_PREFILL_DROPPED = ("stream_options", "min_tokens")
 
 
 @dataclass
@@ -73,6 +71,10 @@ class _Turn:
     computed_tokens: int = 0
     prefill_params: dict[str, Any] | None = None
     failures: list[EngineFailure] = field(default_factory=list)
+
+    @property
+    def wire(self) -> WireFormat:
+        return wire_format(self.request.endpoint)
 
     @property
     def path(self) -> KVPath:
@@ -190,8 +192,8 @@ class Orchestrator:
                         post_json(
                             self._http,
                             engine,
-                            _PATHS[turn.request.endpoint],
-                            _prefill_body(turn.request.body, params),
+                            turn.wire.path,
+                            turn.wire.prefill_body(turn.request.body, params),
                             turn.request.headers,
                             self._pull_timeout if pulling else self._prefill_timeout,
                         ),
@@ -227,10 +229,8 @@ class Orchestrator:
         them; otherwise the holding's ``remote_num_tokens`` clipped to the prompt. A reported
         count under half of what was planned means the pull failed and P recomputed.
         """
-        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-        prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-        details = usage.get("prompt_tokens_details")
-        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
+        usage = turn.wire.prompt_usage(answer)
+        prompt_tokens, cached = usage.prompt_tokens, usage.cached_tokens
         if turn.reuse and turn.holding is not None:
             planned = turn.holding.num_tokens
             if prompt_tokens is not None:
@@ -307,7 +307,7 @@ class Orchestrator:
                 post_json(
                     self._http,
                     engine,
-                    _PATHS[turn.request.endpoint],
+                    turn.wire.path,
                     body,
                     turn.request.headers,
                     self._decode_timeout,
@@ -329,7 +329,7 @@ class Orchestrator:
                 open_stream(
                     self._http,
                     engine,
-                    _PATHS[turn.request.endpoint],
+                    turn.wire.path,
                     body,
                     turn.request.headers,
                     timeout=self._decode_timeout,
@@ -342,26 +342,26 @@ class Orchestrator:
             raise
         self._record_turn(turn)
         return StreamingResponse(
-            self._relay(stream, engine, ticket),
+            self._relay(stream, engine, ticket, turn.wire.stream_editor()),
             media_type=stream.content_type,
             headers=turn.headers(),
         )
 
     async def _relay(
-        self, stream: DecodeStream, engine: Engine, ticket: str | None
+        self, stream: DecodeStream, engine: Engine, ticket: str | None, editor: StreamEditor
     ) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream.chunks():
-                head, done, tail = chunk.partition(_SSE_DONE)
-                if ticket is None or not done:
-                    yield chunk
-                    continue
-                # The stream's end tells the client it may send its next turn: hold it back
-                # until D has reported this turn's holding, or that turn would recompute.
+                head, final = editor.feed(chunk)
                 if head:
                     yield head
-                await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
-                yield done + tail
+                if final is None:
+                    continue
+                if ticket is not None:
+                    await self._hold_back_final(ticket, editor.kv_transfer_params)
+                yield final
+            if rest := editor.flush():
+                yield rest
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Bytes already went out: the client's stream just ends early.
             logger.warning("decode stream from %s broke: %r", engine.url, exc)
@@ -370,6 +370,14 @@ class Orchestrator:
         finally:
             stream.close()
             engine.inflight -= 1
+
+    async def _hold_back_final(self, ticket: str, params: dict[str, Any] | None) -> None:
+        """The stream's end tells the client it may send its next turn: hold it back until this
+        turn's holding is recorded (from the stream itself or D's report), or that turn would
+        recompute."""
+        if params is not None:
+            await self._keeper.record(ticket, params)
+        await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
 
     def _record_turn(self, turn: _Turn) -> None:
         self._metrics.record_turn(
@@ -402,14 +410,6 @@ class Orchestrator:
         )
 
 
-def _prefill_body(body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    prefill = {key: value for key, value in body.items() if key not in _PREFILL_DROPPED}
-    prefill.update(stream=False, max_tokens=1, kv_transfer_params=params)
-    if "max_completion_tokens" in prefill:
-        prefill["max_completion_tokens"] = 1
-    return prefill
-
-
 def _unservable(turn: _Turn) -> RouterError:
     if not turn.failures:
         return RouterError(
@@ -424,7 +424,3 @@ def _unservable(turn: _Turn) -> RouterError:
         type="server_error",
         code="engine_failure",
     )
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

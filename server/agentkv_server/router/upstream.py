@@ -1,7 +1,7 @@
 """Calls to engines over the app's one shared aiohttp session.
 
-aiohttp, not httpx, on the hot path: DESIGN.md section 5 measured httpx collapsing under
-concurrency. Every failure becomes an :class:`EngineFailure` with a kind the metrics count and
+aiohttp, not httpx, on the hot path: httpx's client collapsed under concurrency in our
+measurements (docs/router.md, "Upstream calls"). Every failure becomes an :class:`EngineFailure` with a kind the metrics count and
 the orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
 """
 

@@ -70,6 +70,22 @@ class InProcessRouter:
         await self.cluster.flush_reports()
         return response
 
+    async def responses(
+        self,
+        input: str | list[dict[str, Any]],
+        *,
+        session: str | None = None,
+        headers: dict[str, str] | None = None,
+        **body: Any,
+    ) -> httpx.Response:
+        """One Responses turn; returns once the engines' holding reports are in."""
+        all_headers = {"x-session-id": session} if session else {}
+        all_headers.update(headers or {})
+        payload = {"model": self.cluster.model, "input": input, "max_output_tokens": 4, **body}
+        response = await self.client.post("/v1/responses", json=payload, headers=all_headers)
+        await self.cluster.flush_reports()
+        return response
+
     async def report(self, payload: dict[str, Any]) -> None:
         """Deliver a stub engine's holding report to this app, as a connector would."""
         response = await self.client.post(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -33,6 +32,15 @@ from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
+
+from agentkv_server.testing.stub_shapes import (
+    answer_body,
+    count_prompt_tokens,
+    invalid_body,
+    output_limit,
+    stream_events,
+    stub_answer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +64,6 @@ Fault = Literal["error", "bad_request", "disconnect", "hang"]
 answer at all (until the client gives up)."""
 
 UPSTREAM_RETENTION_S = 480.0
-MAX_TOKENS = 4096
-"""The stub model's context: larger ``max_tokens`` are refused (400), as vLLM does."""
 _BLOCK_TOKENS = 16
 
 
@@ -121,11 +127,12 @@ class StubEngine:
         return self._runner is not None
 
     def completions(self) -> list[RecordedRequest]:
-        """Recorded completion requests, releases excluded."""
+        """Recorded model calls (any endpoint), releases excluded."""
         return [
             r
             for r in self.requests
-            if r.path.endswith("completions") and "agentkv_release" not in r.kv_params
+            if r.path.endswith(("completions", "responses"))
+            and "agentkv_release" not in r.kv_params
         ]
 
     async def start(self, port: int = 0) -> None:
@@ -135,6 +142,7 @@ class StubEngine:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_post("/v1/responses", self._completion)
         self._runner = web.AppRunner(
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
@@ -186,7 +194,7 @@ class StubEngine:
         if not isinstance(body, dict):
             return _error(400, "request body is not a JSON object")
         self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
-        if (problem := _invalid(body)) is not None:
+        if (problem := invalid_body(body)) is not None:
             return _error(400, problem)
         if self.faults:
             faulted = await self._suffer(self.faults.pop(0), request)
@@ -217,7 +225,7 @@ class StubEngine:
         for request_id in request_ids:
             if self.retained.pop(request_id, None) is not None:
                 self.released.append(request_id)
-        return web.json_response(_completion_body(body, "", 1, 1, None))
+        return web.json_response(answer_body(body, "", 1, 1, None))
 
     async def _compute(self, tokens: int) -> None:
         """Spend the time the cluster's model takes to prefill ``tokens``."""
@@ -231,10 +239,7 @@ class StubEngine:
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += 1
         request_id = f"p-{uuid.uuid4().hex}"
-        answer = _completion_body(
-            body, "tok", prompt_tokens, 1, cached if self.report_cached_tokens else None
-        )
-        answer["kv_transfer_params"] = {
+        params = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self.engine_id,
@@ -244,7 +249,10 @@ class StubEngine:
             "remote_port": self.port,
             "tp_size": 1,
         }
-        return web.json_response(answer)
+        cached_reported = cached if self.report_cached_tokens else None
+        return web.json_response(
+            answer_body(body, "tok", prompt_tokens, 1, cached_reported, params)
+        )
 
     def _pull(self, params: dict[str, Any]) -> int:
         """Tokens pulled from the holder the params name; 0 (recompute) when it is gone."""
@@ -264,16 +272,15 @@ class StubEngine:
         prompt_tokens = count_prompt_tokens(body)
         if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
             await self._compute(prompt_tokens)
-        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 8)
+        n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
         ticket = params.get("agentkv_ticket")
         if body.get("stream"):
-            response = await self._stream(request, body, n)
+            response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
         else:
-            answer = _completion_body(body, stub_answer(n), prompt_tokens, n, None)
-            answer["kv_transfer_params"] = holding
+            answer = answer_body(body, stub_answer(n), prompt_tokens, n, None, holding)
             response = web.json_response(answer)
         if ticket and holding is not None:
             self._report({"ticket": ticket, "kv_transfer_params": holding})
@@ -302,17 +309,13 @@ class StubEngine:
             holding["agentkv_expires_in_seconds"] = float(retention)
         return holding
 
-    async def _stream(
-        self, request: web.Request, body: dict[str, Any], n: int
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
-        for index in range(n):
+        for index, event in enumerate(events):
             if index == self.stall_after_chunks:
                 await asyncio.sleep(3600)  # the client's deadline ends it
-            chunk = _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+            await response.write(event)
         await response.write_eof()
         return response
 
@@ -389,87 +392,6 @@ async def _deliver(reporter: Reporter, payload: dict[str, Any], delay_s: float) 
         await reporter(payload)
     except Exception as exc:  # noqa: BLE001 - any failure of the reporter means the same
         logger.debug("holding report failed: %r", exc)
-
-
-def _invalid(body: dict[str, Any]) -> str | None:
-    """Why vLLM would refuse ``body`` with a 400 (the parts the stub reads), or None."""
-    if "messages" in body:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
-        ):
-            return "messages must be a list of objects with a 'role'"
-    elif not isinstance(body.get("prompt"), (str, list)):
-        return "prompt must be a string or a list"
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS
-        ):
-            return f"{name} must be an integer in [1, {MAX_TOKENS}]"
-    params = body.get("kv_transfer_params")
-    if params is not None and not isinstance(params, dict):
-        return "kv_transfer_params must be an object"
-    return None
-
-
-def count_prompt_tokens(body: dict[str, Any]) -> int:
-    """The stub's tokenizer: words, plus two per chat message for the template."""
-    if "messages" in body:
-        return sum(2 + len(str(m.get("content") or "").split()) for m in body["messages"])
-    prompt = body.get("prompt", "")
-    return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
-
-
-def stub_answer(max_tokens: int) -> str:
-    """What a stub engine generates for any prompt: ``max_tokens`` words."""
-    return "".join(f"w{index} " for index in range(max_tokens))
-
-
-def _completion_body(
-    body: dict[str, Any], text: str, prompt_tokens: int, completion_tokens: int, cached: int | None
-) -> dict[str, Any]:
-    usage: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-    if cached is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    if "messages" in body:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        kind, prefix = "chat.completion", "chatcmpl"
-    else:
-        choice, kind, prefix = (
-            {"index": 0, "text": text, "logprobs": None},
-            "text_completion",
-            "cmpl",
-        )
-    choice["finish_reason"] = "length"
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": body.get("model"),
-        "choices": [choice],
-        "usage": usage,
-    }
-
-
-def _stream_chunk(body: dict[str, Any], text: str, finish_reason: str | None) -> dict[str, Any]:
-    if "messages" in body:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
-        kind = "chat.completion.chunk"
-    else:
-        choice, kind = {"index": 0, "text": text, "logprobs": None}, "text_completion"
-    choice["finish_reason"] = finish_reason
-    return {
-        "id": "stream",
-        "object": kind,
-        "created": int(time.time()),
-        "model": body.get("model"),
-        "choices": [choice],
-    }
 
 
 def _error(status: int, message: str) -> web.Response:

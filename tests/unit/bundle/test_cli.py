@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,8 +72,15 @@ def test_serve_run_gives_the_command_the_stack_and_its_exit_status(tmp_path: Pat
 
 
 def test_serve_reports_bad_options_without_starting_anything(capsys) -> None:
-    assert main(["serve", "--device=cpu", "--decode", "0"]) == 2
+    assert main(["serve", "--device=cpu", "--decode-engines", "0"]) == 2
     assert "decode engine" in capsys.readouterr().err
+
+
+def test_serve_engine_counts_keep_their_old_spelling(capsys) -> None:
+    config = serve_cli.stack_config(serve_args("--device=cpu", "--prefill", "0", "--decode", "2"))
+    assert (config.prefill, config.decode) == (0, 2)
+    assert main(["serve", "--device=cpu", "--decode", "0"]) == 2
+    assert "--decode is deprecated, use --decode-engines" in capsys.readouterr().err
 
 
 def test_serve_reports_a_bad_router_option(capsys) -> None:
@@ -85,3 +97,100 @@ def test_build_model_prints_the_model_directory(tmp_path: Path, capsys) -> None:
 def test_build_model_refuses_unknown_presets() -> None:
     with pytest.raises(SystemExit):
         build_parser(["build-model"]).parse_args(["build-model", "huge"])
+
+
+KEY = "client-key-0123456789"
+SECRET = "router-secret"
+
+
+@pytest.fixture
+def router_with_keys(tmp_path: Path) -> Iterator[str]:
+    """A real ``agentkv router`` process with API keys, over stub engines, on loopback."""
+    from agentkv_server.bundle.ports import free_ports
+
+    stubs = subprocess.Popen(
+        [sys.executable, "-m", "agentkv_server.testing", "--engines", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    (port,) = free_ports(1)
+    env = {**os.environ, "AGENTKV_API_KEYS": KEY}
+    router = None
+    try:
+        prefill, decode = json.loads(stubs.stdout.readline())
+        router = subprocess.Popen(
+            [sys.executable, "-m", "agentkv_server.cli", "router", "--port", str(port)]
+            + ["--prefill-url", prefill, "--decode-url", decode, "--secret", SECRET],
+            env=env,
+            stderr=(tmp_path / "router.log").open("w"),
+        )
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, router)
+        yield url
+    finally:
+        for process in (router, stubs):
+            if process is not None:
+                process.terminate()
+                process.wait(15)
+
+
+def _wait_healthy(url: str, process: subprocess.Popen) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError(f"router at {url} did not start")
+
+
+def _shell(line: str, **env: str) -> str:
+    done = subprocess.run(
+        ["bash", "-c", line],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_serve_announces_examples_that_work_with_api_keys(router_with_keys, monkeypatch) -> None:
+    """The curl lines ``agentkv serve`` prints, run as printed against a router with keys
+    taken from $AGENTKV_API_KEYS: health, metrics (with the secret) and a chat turn."""
+    monkeypatch.setenv("AGENTKV_API_KEYS", KEY)
+    credentials = serve_cli._credentials(serve_args("--device=cpu", "--secret", SECRET))
+    assert credentials == serve_cli.Credentials("${AGENTKV_API_KEYS%%,*}", SECRET)
+    health, metrics, chat = serve_cli.client_examples(router_with_keys, "stub-model", credentials)
+
+    assert _shell(health, AGENTKV_API_KEYS=KEY).strip()
+    assert "agentkv_turns_total" in _shell(metrics, AGENTKV_API_KEYS=KEY)
+    answer = json.loads(_shell(chat, AGENTKV_API_KEYS=KEY))
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    # The key is what makes it work: without it the router refuses the turn.
+    refused = json.loads(_shell(chat, AGENTKV_API_KEYS="wrong-key-0123456789"))
+    assert "choices" not in refused
+
+
+def test_serve_examples_spell_out_a_key_given_as_an_option(monkeypatch) -> None:
+    monkeypatch.delenv("AGENTKV_API_KEYS", raising=False)
+    monkeypatch.delenv("AGENTKV_SECRET", raising=False)
+    args = serve_args("--device=cpu", "--api-key", 'k"$y-0123456789abcdef')
+    credentials = serve_cli._credentials(args)
+    assert credentials == serve_cli.Credentials('k\\"\\$y-0123456789abcdef', None)
+    lines = serve_cli.client_examples("http://h:1", "m", credentials)
+    assert not any("/metrics" in line for line in lines)  # the secret was generated: no example
+    assert _shell(f'printf %s "{credentials.api_key}"') == 'k"$y-0123456789abcdef'
+
+
+def test_serve_examples_without_api_keys_need_no_credentials(monkeypatch) -> None:
+    monkeypatch.delenv("AGENTKV_API_KEYS", raising=False)
+    credentials = serve_cli._credentials(serve_args("--device=cpu"))
+    lines = serve_cli.client_examples("http://h:1", "m", credentials)
+    assert lines[:2] == ["curl -s http://h:1/health", "curl -s http://h:1/metrics"]
+    assert "Authorization" not in lines[2]

@@ -89,7 +89,7 @@ def test_training_text_is_deterministic() -> None:
 def test_unknown_preset_and_missing_directory_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown model preset"):
         ensure_model("huge", root=tmp_path)
-    with pytest.raises(ConfigError, match="neither a preset"):
+    with pytest.raises(ConfigError, match="neither a model name"):
         resolve_model(str(tmp_path / "absent"))
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from agentkv_server.connector.report import HoldingReporter, post_json
+from agentkv_server.connector.report import ATTEMPTS, HoldingReporter, KeepAlivePost
 
 
 class Recorder:
@@ -62,7 +63,9 @@ def test_full_queue_drops_instead_of_blocking() -> None:
     ]
 
 
-def test_delivery_failures_are_swallowed_and_later_reports_still_go_out() -> None:
+def test_delivery_failures_are_retried_a_bounded_number_of_times() -> None:
+    """Connection errors and 5xx are retried (ATTEMPTS in all), a 4xx is not; later reports
+    still go out."""
     calls: list[str] = []
 
     def flaky(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> int:
@@ -70,13 +73,28 @@ def test_delivery_failures_are_swallowed_and_later_reports_still_go_out() -> Non
         calls.append(ticket)
         if ticket == "t1":
             raise ConnectionRefusedError("router down")
-        return 401 if ticket == "t2" else 204
+        return {"t2": 401, "t3": 503}.get(ticket, 204)
 
     reporter = HoldingReporter("http://r", post=flaky)
-    for ticket in ("t1", "t2", "t3"):
+    for ticket in ("t1", "t2", "t3", "t4"):
         reporter.submit(ticket, {})
     reporter.close(timeout=5)
-    assert calls == ["t1", "t2", "t3"]
+    assert calls == ["t1"] * ATTEMPTS + ["t2"] + ["t3"] * ATTEMPTS + ["t4"]
+
+
+def test_a_transient_failure_is_retried_until_delivered() -> None:
+    attempts: list[int] = []
+
+    def once_down(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> int:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionResetError("stale kept-alive connection")
+        return 204
+
+    reporter = HoldingReporter("http://r", post=once_down)
+    reporter.submit("t", {})
+    reporter.close(timeout=5)
+    assert len(attempts) == 2
 
 
 def test_submit_after_close_is_dropped() -> None:
@@ -87,25 +105,77 @@ def test_submit_after_close_is_dropped() -> None:
     assert post.calls == []
 
 
-def test_post_json_speaks_http_and_returns_error_statuses() -> None:
-    seen: list[tuple[str, bytes, str | None]] = []
+class _Router:
+    """A real HTTP/1.1 server that answers 204 to the right secret and counts connections."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["content-length"]))
-            seen.append((self.path, body, self.headers.get("x-agentkv-secret")))
-            self.send_response(204 if self.headers.get("x-agentkv-secret") == "s" else 401)
-            self.end_headers()
+    def __init__(self) -> None:
+        seen = self.seen = []
+        connections = self.connections = []
+        drops = self.drops = []  # answer, then close the connection without saying so
 
-        def log_message(self, *args: object) -> None:
-            pass
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/internal/v1/kv-holdings"
+            def setup(self) -> None:
+                super().setup()
+                connections.append(self.client_address)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                seen.append((self.path, body, self.headers.get("x-agentkv-secret")))
+                self.send_response(204 if self.headers.get("x-agentkv-secret") == "s" else 401)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                if drops:
+                    drops.pop()
+                    self.close_connection = True
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/internal/v1/kv-holdings"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_keep_alive_post_speaks_http_over_one_connection() -> None:
+    router = _Router()
+    post = KeepAlivePost()
     try:
-        assert post_json(url, b"{}", {"x-agentkv-secret": "s"}, 5.0) == 204
-        assert post_json(url, b"{}", {}, 5.0) == 401
+        assert post(router.url, b"{}", {"x-agentkv-secret": "s"}, 5.0) == 204
+        assert post(router.url, b"{}", {}, 5.0) == 401
+        assert post(router.url, b"{}", {"x-agentkv-secret": "s"}, 5.0) == 204
     finally:
-        server.shutdown()
-    assert seen[0] == ("/internal/v1/kv-holdings", b"{}", "s")
+        post.close()
+        router.stop()
+    assert router.seen[0] == ("/internal/v1/kv-holdings", b"{}", "s")
+    assert len(router.seen) == 3
+    assert len(router.connections) == 1
+
+
+def test_reporter_reconnects_after_the_router_dropped_its_connection() -> None:
+    """The router closing an idle kept-alive connection costs a retry, not the report."""
+    router = _Router()
+    reporter = HoldingReporter(router.url, secret="s")
+    try:
+        router.drops.append(True)
+        reporter.submit("t1", {})
+        _wait_for(lambda: len(router.seen) == 1)
+        time.sleep(0.1)  # the server has closed its end
+        reporter.submit("t2", {})
+        reporter.close(timeout=5)
+    finally:
+        router.stop()
+    assert [json.loads(body)["ticket"] for _, body, _ in router.seen] == ["t1", "t2"]
+    assert len(router.connections) == 2
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

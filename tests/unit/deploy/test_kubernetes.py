@@ -384,7 +384,7 @@ def router_errors(resources: list[Resource]) -> list[str]:
     argv = [*router["command"][1:], *router["args"]]
     args = build_parser(argv).parse_args(argv)
     errors = []
-    for role, listed in (("prefill", args.prefill), ("decode", args.decode)):
+    for role, listed in (("prefill", args.prefill_urls or []), ("decode", args.decode_urls or [])):
         pool = find(resources, "StatefulSet", f"agentkv-{role}")
         service = pool["spec"]["serviceName"]
         ports = container(resources, "StatefulSet", f"agentkv-{role}", "engine")["ports"]
@@ -397,7 +397,7 @@ def router_errors(resources: list[Resource]) -> list[str]:
     with tempfile.TemporaryDirectory() as directory:
         args.config = Path(directory) / "settings.json"
         args.config.write_text(mounted)
-        settings = settings_from_args(args, prefill_urls=args.prefill, decode_urls=args.decode)
+        settings = settings_from_args(args)
     if settings.port != router["ports"][0]["containerPort"] or settings.host != "0.0.0.0":
         errors.append(f"router listens on {settings.host}:{settings.port}, not its container port")
     redis = urlsplit(settings.redis_url or "")

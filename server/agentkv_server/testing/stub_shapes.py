@@ -1,0 +1,216 @@
+"""What the stub engine reads and writes, per OpenAI endpoint, in vLLM's shapes.
+
+Chat completions (``messages``), completions (``prompt``) and the Responses API (``input``) differ
+in their prompt, their output limit, their answer and usage names, and their stream: chat and
+completion chunks end with ``data: [DONE]``; a Responses stream is named events ending with
+``response.completed``, whose response carries ``kv_transfer_params`` as vLLM's does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+__all__ = [
+    "answer_body",
+    "count_prompt_tokens",
+    "invalid_body",
+    "output_limit",
+    "stream_events",
+    "stub_answer",
+]
+
+MAX_TOKENS = 4096
+"""The stub model's context: larger output limits are refused (400), as vLLM does."""
+_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def _is_responses(body: dict[str, Any]) -> bool:
+    return "input" in body
+
+
+def invalid_body(body: dict[str, Any]) -> str | None:
+    """Why vLLM would refuse ``body`` with a 400 (the parts the stub reads), or None."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            return "messages must be a list of objects with a 'role'"
+    elif _is_responses(body):
+        if not isinstance(body["input"], (str, list)):
+            return "input must be a string or a list of items"
+    elif not isinstance(body.get("prompt"), (str, list)):
+        return "prompt must be a string or a list"
+    for name in _LIMIT_FIELDS:
+        value = body.get(name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS
+        ):
+            return f"{name} must be an integer in [1, {MAX_TOKENS}]"
+    params = body.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        return "kv_transfer_params must be an object"
+    return None
+
+
+def output_limit(body: dict[str, Any]) -> int:
+    """Tokens a decode step generates: the request's limit, 8 without one."""
+    return int(next((body[name] for name in _LIMIT_FIELDS if body.get(name)), 8))
+
+
+def count_prompt_tokens(body: dict[str, Any]) -> int:
+    """The stub's tokenizer: words, plus two per chat message (or Responses item, instructions
+    included) for the template."""
+    if "messages" in body:
+        return sum(2 + len(str(m.get("content") or "").split()) for m in body["messages"])
+    if _is_responses(body):
+        items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        texts = [_item_text(item) for item in items]
+        if body.get("instructions"):
+            texts.append(str(body["instructions"]))
+        return sum(2 + len(text.split()) for text in texts)
+    prompt = body.get("prompt", "")
+    return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+
+def _item_text(item: object) -> str:
+    """A Responses input item's words: a message's content, a tool call's or its output's."""
+    if not isinstance(item, dict):
+        return str(item)
+    content = item.get("content", item.get("output", item.get("arguments", "")))
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def stub_answer(max_tokens: int) -> str:
+    """What a stub engine generates for any prompt: ``max_tokens`` words."""
+    return "".join(f"w{index} " for index in range(max_tokens))
+
+
+def answer_body(
+    body: dict[str, Any],
+    text: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached: int | None,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A non-streamed answer; ``cached`` None leaves the cached-token count out of its usage."""
+    if _is_responses(body):
+        answer = _response(body, text, prompt_tokens, completion_tokens, cached)
+    else:
+        answer = _completion(body, text, prompt_tokens, completion_tokens, cached)
+    if kv_transfer_params is not None:
+        answer["kv_transfer_params"] = kv_transfer_params
+    return answer
+
+
+def stream_events(
+    body: dict[str, Any], n: int, prompt_tokens: int, kv_transfer_params: dict[str, Any] | None
+) -> list[bytes]:
+    """A streamed answer of ``n`` words, one SSE event per element, ending as vLLM's does."""
+    if not _is_responses(body):
+        chunks = [
+            _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
+            for index in range(n)
+        ]
+        return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [
+            b"data: [DONE]\n\n"
+        ]
+    final = _response(body, stub_answer(n), prompt_tokens, n, 0)
+    final["kv_transfer_params"] = kv_transfer_params
+    started = {**final, "status": "in_progress", "output": [], "usage": None}
+    started["kv_transfer_params"] = None
+    events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": started})]
+    events += [("response.output_text.delta", {"delta": f"w{i} "}) for i in range(n)]
+    events.append(("response.completed", {"response": final}))
+    return [
+        f"event: {name}\ndata: ".encode()
+        + json.dumps({"type": name, "sequence_number": number, **data}).encode()
+        + b"\n\n"
+        for number, (name, data) in enumerate(events)
+    ]
+
+
+def _completion(
+    body: dict[str, Any], text: str, prompt_tokens: int, completion_tokens: int, cached: int | None
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    if "messages" in body:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice, kind, prefix = (
+            {"index": 0, "text": text, "logprobs": None},
+            "text_completion",
+            "cmpl",
+        )
+    choice["finish_reason"] = "length"
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def _response(
+    body: dict[str, Any], text: str, prompt_tokens: int, output_tokens: int, cached: int | None
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "input_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": prompt_tokens + output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    if cached is not None:
+        usage["input_tokens_details"] = {"cached_tokens": cached}
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    message = {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "role": "assistant",
+        "status": "completed",
+        "content": content,
+    }
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": body.get("model"),
+        "status": "incomplete",  # the stub always stops at its output limit
+        "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [message],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
+
+
+def _stream_chunk(body: dict[str, Any], text: str, finish_reason: str | None) -> dict[str, Any]:
+    if "messages" in body:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
+        kind = "chat.completion.chunk"
+    else:
+        choice, kind = {"index": 0, "text": text, "logprobs": None}, "text_completion"
+    choice["finish_reason"] = finish_reason
+    return {
+        "id": "stream",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [choice],
+    }
