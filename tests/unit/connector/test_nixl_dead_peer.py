@@ -8,6 +8,7 @@ and on such a handle being released or dropped, never kept.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -16,7 +17,6 @@ from multiprocessing.connection import Connection
 from types import SimpleNamespace
 from unittest import mock
 
-import numpy as np
 import pytest
 
 nixl_api = pytest.importorskip("nixl._api", reason="needs NIXL (installed with vLLM)")
@@ -30,9 +30,10 @@ def new_agent(name: str) -> nixl_api.nixl_agent:
 
 def hold(conn: Connection) -> None:
     agent = new_agent("holder")
-    buffer = np.ones(SIZE, dtype=np.uint8)
-    agent.register_memory(agent.get_reg_descs([(buffer.ctypes.data, SIZE, 0, "")], "DRAM"))
-    conn.send((agent.get_agent_metadata(), buffer.ctypes.data))
+    buffer = ctypes.create_string_buffer(b"\x01" * SIZE, SIZE)
+    address = ctypes.addressof(buffer)
+    agent.register_memory(agent.get_reg_descs([(address, SIZE, 0, "")], "DRAM"))
+    conn.send((agent.get_agent_metadata(), address))
     while True:
         time.sleep(1)
 
@@ -61,15 +62,17 @@ def test_a_read_from_a_killed_holder_ends_in_an_error_and_its_handle_is_not_kept
     try:
         metadata, remote_address = ours.recv()
         agent = new_agent("puller")
-        buffer = np.zeros(SIZE, dtype=np.uint8)
-        agent.register_memory(agent.get_reg_descs([(buffer.ctypes.data, SIZE, 0, "")], "DRAM"))
+        buffer = ctypes.create_string_buffer(SIZE)
+        address = ctypes.addressof(buffer)
+        agent.register_memory(agent.get_reg_descs([(address, SIZE, 0, "")], "DRAM"))
         remote = agent.add_remote_agent(metadata)
-        local = agent.get_xfer_descs([(buffer.ctypes.data, SIZE, 0)], "DRAM")
+        local = agent.get_xfer_descs([(address, SIZE, 0)], "DRAM")
         held = agent.get_xfer_descs([(remote_address, SIZE, 0)], "DRAM")
 
         warm = agent.initialize_xfer("READ", local, held, remote, b"turn-1")
         agent.transfer(warm)
-        assert state_within(agent, warm, 30) == "DONE" and buffer.all()
+        assert state_within(agent, warm, 30) == "DONE"
+        assert b"\x00" not in buffer.raw  # the holder's bytes arrived
         agent.release_xfer_handle(warm)
 
         os.kill(holder.pid or 0, signal.SIGKILL)
