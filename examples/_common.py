@@ -169,7 +169,7 @@ def format_turn(info: agentkv.TurnInfo) -> str:
 def summary(session: agentkv.Session) -> str:
     """Turns, how many reused KV, and the first turn's TTFT against the follow-ups'."""
     turns = session.turns
-    reused = [t for t in turns if t.kv_path == "reuse"]
+    reused = [t for t in turns if t.kv_path in ("local", "reuse")]
     later = [t.ttft_seconds for t in turns[1:] if t.ttft_seconds is not None]
     first = turns[0].ttft_seconds if turns and turns[0].ttft_seconds is not None else None
     parts = [

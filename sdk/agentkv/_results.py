@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from agentkv import protocol
 
-__all__ = ["finish_reason", "kv_path", "reused_tokens"]
+__all__ = ["finish_reason", "kv_path", "reused_tokens", "server_timing"]
 
 _TERMINAL_RESPONSE_STATUSES: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -23,6 +23,21 @@ def kv_path(headers: Mapping[str, str]) -> str | None:
 def reused_tokens(headers: Mapping[str, str]) -> int | None:
     value = headers.get(protocol.HEADER_REUSED_TOKENS)
     return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
+    """Seconds per named step from a ``Server-Timing`` header (``name;dur=ms, ...``)."""
+    steps: dict[str, float] = {}
+    for entry in (headers.get(protocol.HEADER_SERVER_TIMING) or "").split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if name and key == "dur":
+                try:
+                    steps[name] = float(value) / 1000
+                except ValueError:
+                    pass
+    return steps
 
 
 def finish_reason(result: Mapping[str, Any]) -> str | None:

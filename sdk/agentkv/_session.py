@@ -13,9 +13,9 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -42,11 +42,14 @@ class TurnInfo:
     tool_continuation: bool
     session_end: bool
     kv_path: str | None
-    """``reuse``, ``recompute`` or ``fallback`` (protocol.md section 3); None without a router."""
+    """``local``, ``reuse``, ``recompute`` or ``fallback`` (protocol.md section 3); None without
+    a router."""
     reused_tokens: int | None
     ttft_seconds: float | None
     """Seconds to the first streamed chunk; for a non-streaming call, to the whole response."""
     finish_reason: str | None
+    server_timing: Mapping[str, float] = field(default_factory=dict)
+    """The router's steps before the first byte, in seconds (protocol.md section 3)."""
 
 
 class Session:

@@ -22,6 +22,7 @@ __all__ = [
     "HEADER_PREFIX",
     "HEADER_RESPONSE_SESSION_ID",
     "HEADER_REUSED_TOKENS",
+    "HEADER_SERVER_TIMING",
     "HEADER_SESSION_END",
     "HEADER_SESSION_ID",
     "HEADER_TOOL_CONTINUATION",
@@ -66,6 +67,8 @@ BODY_KEY_VERSION: Final = "version"
 HEADER_RESPONSE_SESSION_ID: Final = "x-agentkv-session-id"
 HEADER_KV_PATH: Final = "x-agentkv-kv-path"
 HEADER_REUSED_TOKENS: Final = "x-agentkv-reused-tokens"
+# Standard HTTP Server-Timing: the router's steps before the first byte (plan, prefill, decode).
+HEADER_SERVER_TIMING: Final = "server-timing"
 
 
 def is_valid_session_id(value: str) -> bool:

@@ -35,6 +35,7 @@ from agentkv_server.errors import ConfigError
 __all__ = [
     "CostModelSettings",
     "FaultSettings",
+    "LocalPathSettings",
     "PolicyName",
     "RetentionSettings",
     "Settings",
@@ -73,6 +74,12 @@ class Timeouts(_Frozen):
     release_s: float = Field(5.0, gt=0, description="a release request to a decode engine")
     store_s: float = Field(
         0.5, gt=0, description="one session-store (Redis) call; past it the turn recomputes"
+    )
+    tokenize_s: float = Field(
+        1.0,
+        gt=0,
+        description="the holder's POST /tokenize that counts a turn's new tokens; past it "
+        "the turn is planned without the local path",
     )
     report_s: float = Field(
         0.5,
@@ -151,6 +158,28 @@ class CostModelSettings(_Frozen):
     )
 
 
+class LocalPathSettings(_Frozen):
+    """When a turn may continue on its decode holder (docs/router.md, "Three paths").
+
+    A prefill of N new tokens on the holder stalls every sequence it is decoding for about
+    N / rate seconds. The local path is taken only when it is predicted fastest, the new part is
+    at most ``max_new_tokens`` (longer parts go to a prefill engine whatever the load: sessions
+    arriving during that prefill would stall too), and, while the holder decodes other
+    sequences, the stall stays within ``max_stall_s``.
+    """
+
+    enabled: bool = Field(
+        True, description="False: never prefill on decode engines (pull or recompute only)"
+    )
+    max_new_tokens: int = Field(512, ge=0, description="longest new part computed on the holder")
+    max_stall_s: float = Field(
+        0.2,
+        ge=0,
+        description="largest added inter-token delay a local prefill may cause the holder's "
+        "running sequences",
+    )
+
+
 class Settings(_Frozen):
     """Configuration of one router (and of the engines ``agentkv serve`` starts for it)."""
 
@@ -184,6 +213,7 @@ class Settings(_Frozen):
     faults: FaultSettings = FaultSettings()
     retention: RetentionSettings = RetentionSettings()
     cost: CostModelSettings = CostModelSettings()
+    local: LocalPathSettings = LocalPathSettings()
 
     @field_validator("api_keys")
     @classmethod

@@ -30,39 +30,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The fast tiers first, then the engine tier, and within it the tests that kill engines
     last. The shared stack lives until the run ends and its engines keep stepping while they
     hold KV (docs/engines.md), so nothing may run after it but engine tests; a killed holder
-    may leave a request parked on the prefill engine, so those tests come last of all."""
+    may leave a request parked on the prefill engine, so those tests come last of all. The
+    multi-host tier (engine tests too) runs before the stack starts: its engines are gone by
+    then, never more engines at once than the machine's memory holds."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("engine") is not None,
+            item.get_closest_marker("multihost") is None,
             item.get_closest_marker("kills_engines") is not None,
         )
     )
 
 
+def shared_stack(model: str | None, log_dir: Path) -> Stack:
+    """A 1P1D stack in fp32 whose router always pulls (ALWAYS_PULL), for a whole test run."""
+    config = StackConfig(
+        model=model, dtype="float32", port=0, log_dir=log_dir, router_settings=ALWAYS_PULL
+    )
+    return Stack(config)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    config = StackConfig(
-        model="tiny",
-        dtype="float32",
-        port=0,
-        log_dir=tmp_path_factory.mktemp("logs"),
-        router_settings=ALWAYS_PULL,
-    )
-    with Stack(config) as running:
+    with shared_stack("tiny", tmp_path_factory.mktemp("logs")) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The default model (converted on first use), as ``agentkv serve`` serves it, in fp32."""
-    config = StackConfig(
-        model=None,
-        dtype="float32",
-        port=0,
-        log_dir=tmp_path_factory.mktemp("real-logs"),
-        router_settings=ALWAYS_PULL,
-    )
-    with Stack(config) as running:
+    with shared_stack(None, tmp_path_factory.mktemp("real-logs")) as running:
         yield running
 
 

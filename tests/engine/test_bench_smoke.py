@@ -48,6 +48,6 @@ def test_quick_bench_runs_every_mode_end_to_end(tmp_path: Path) -> None:
             assert all(s is not None for s in sizes) and sizes == sorted(sizes), (mode, sizes)
         assert all(r.decode_kv_usage is not None for r in records), mode
     routed = [r for r in result.records if r.mode != "aggregated"]
-    assert all(r.kv_path in {"reuse", "recompute", "fallback"} for r in routed)
+    assert all(r.kv_path in {"local", "reuse", "recompute", "fallback"} for r in routed)
     summary = (tmp_path / MARKDOWN_NAME).read_text()
     assert all(f"| {mode} |" in summary for mode in MODES)

@@ -24,7 +24,20 @@ PULLED = "vllm:external_prefix_cache_hits_total"
 # turn before: below it, P recomputes instead of pulling (test_router_session.py).
 OUTPUT = 100
 # Common words, about one token each: random sequences of them are texts no other test sends.
-VOCABULARY = "apple river stone cloud light table green music paper water north house".split()
+VOCABULARY = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "light",
+    "table",
+    "green",
+    "music",
+    "paper",
+    "water",
+    "north",
+    "house",
+]
 
 
 def words(seed: str, n: int) -> str:

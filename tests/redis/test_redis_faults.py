@@ -12,7 +12,13 @@ pytestmark = pytest.mark.redis
 
 # As in tests/unit/router/conftest.py: pulling a 500-token history pays on these stubs.
 STUB = {"prefill_s_per_token": 1e-4}
-OPTIONS = {"cost": {"pull_overhead_s": 0.005}, "secret": "test-secret"}
+# The pull path: a held session found through the store is pulled (the local path is tested with
+# stub engines in tests/unit/router/test_local_path.py).
+OPTIONS = {
+    "cost": {"pull_overhead_s": 0.005},
+    "secret": "test-secret",
+    "local": {"enabled": False},
+}
 
 
 def paths(responses) -> list[str]:

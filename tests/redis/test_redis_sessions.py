@@ -90,7 +90,12 @@ async def two_replicas(redis_url: str):
     # Stub prefill costs 100 us/token and pulls are free: pulling 500 tokens pays (see
     # tests/unit/router/conftest.py for the same calibration).
     cluster = StubCluster(prefill_s_per_token=1e-4)
-    options = {"redis_url": redis_url, "cost": {"pull_overhead_s": 0.005}}
+    # Pulls, not local turns: a holding found through the shared store is pulled by P.
+    options = {
+        "redis_url": redis_url,
+        "cost": {"pull_overhead_s": 0.005},
+        "local": {"enabled": False},
+    }
     try:
         async with (
             in_process_router(cluster, **options) as a,

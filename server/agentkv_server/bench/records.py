@@ -18,6 +18,11 @@ class TurnRecord:
     engine's prefix cache served (``usage.prompt_tokens_details.cached_tokens``); ``None`` when
     neither was reported. ``decode_kv_usage`` is the decode engines' KV cache in use right after
     the turn (``vllm:kv_cache_usage_perc``, 0..1), ``decode_kv_tokens`` the same in tokens.
+
+    The breakdown of a routed turn: ``plan_s``, ``prefill_s`` and ``decode_s`` (D step to its
+    first byte) are the router's (its ``Server-Timing`` header; None for a step not taken or
+    without a router); ``end_wait_s`` is client-side, the last chunk to the stream's end, where
+    the router holds ``[DONE]`` until the decode engine's holding report is in.
     """
 
     mode: str
@@ -34,6 +39,10 @@ class TurnRecord:
     kv_path: str | None = None
     decode_kv_usage: float | None = None
     decode_kv_tokens: int | None = None
+    plan_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    end_wait_s: float | None = None
     error: str | None = None
 
     @property

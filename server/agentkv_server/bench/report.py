@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from agentkv_server.bench.records import BenchResult
-from agentkv_server.bench.stats import ModeSummary, Spread, Summary, summarize
+from agentkv_server.bench.stats import BREAKDOWN_STEPS, ModeSummary, Spread, Summary, summarize
 
 __all__ = [
     "JSON_NAME",
@@ -85,6 +85,8 @@ def render_markdown(result: BenchResult, summary: Summary) -> str:
         *(_mode_row(m) for m in summary.modes),
         "",
         *_history_table(summary),
+        "",
+        *_breakdown_table(summary),
     ]
     return "\n".join(lines) + "\n"
 
@@ -132,6 +134,26 @@ def _history_table(summary: Summary) -> list[str]:
                 else f"{point.ttft_followup_s.median:.3f} ({_times(point.speedup)})"
             )
         rows.append(f"| {history} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _breakdown_table(summary: Summary) -> list[str]:
+    """Where a follow-up turn's time goes, per mode, and which paths the router took."""
+    rows = [
+        (
+            "Follow-up turn breakdown (median s; router's plan, prefill step, decode step to "
+            "first byte, then the client's wait from the last chunk to the stream's end) and "
+            "KV paths:"
+        ),
+        "",
+        "| mode | plan | prefill | decode | end wait | paths |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for m in summary.modes:
+        steps = [m.breakdown.get(step) for step in BREAKDOWN_STEPS]
+        cells = ["n/a" if value is None else f"{value:.3f}" for value in steps]
+        paths = ", ".join(f"{path} {count}" for path, count in sorted(m.paths.items())) or "n/a"
+        rows.append(f"| {m.mode} | " + " | ".join(cells) + f" | {paths} |")
     return rows
 
 

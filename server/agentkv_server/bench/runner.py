@@ -162,6 +162,7 @@ class Runner:
         )
         started = time.perf_counter()
         first: float | None = None
+        last: float | None = None
         parts: list[str] = []
         usage: Any = None
         try:
@@ -179,12 +180,14 @@ class Runner:
                     first = time.perf_counter()
                 parts.extend(c.delta.content for c in chunk.choices if c.delta and c.delta.content)
                 usage = chunk.usage or usage
+                last = time.perf_counter()
         except (openai.OpenAIError, httpx.HTTPError, asyncio.TimeoutError) as exc:
             return replace(base, error=f"{type(exc).__name__}: {exc}"[:500]), ""
         ended = time.perf_counter()
         if first is None:
             return replace(base, error="stream ended without a chunk"), ""
         info = session.last_turn
+        timing = info.server_timing if info else {}
         return (
             replace(
                 base,
@@ -194,6 +197,10 @@ class Runner:
                 output_tokens=getattr(usage, "completion_tokens", None),
                 reused_tokens=_reused(info, usage),
                 kv_path=info.kv_path if info else None,
+                plan_s=timing.get("plan"),
+                prefill_s=timing.get("prefill"),
+                decode_s=timing.get("decode"),
+                end_wait_s=ended - (last or ended),
             ),
             "".join(parts),
         )

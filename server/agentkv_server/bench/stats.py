@@ -8,13 +8,21 @@ in every mode (no history is held anywhere yet), so reuse is judged on the follo
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agentkv_server.bench.records import TurnRecord
 
-__all__ = ["HistoryPoint", "ModeSummary", "Spread", "Summary", "TurnPoint", "summarize"]
+__all__ = [
+    "BREAKDOWN_STEPS",
+    "HistoryPoint",
+    "ModeSummary",
+    "Spread",
+    "Summary",
+    "TurnPoint",
+    "summarize",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,10 @@ class ModeSummary:
     decode_kv_usage_peak: float | None
     speedup: float | None
     latency_speedup: float | None
+    paths: dict[str, int]
+    """Follow-up turns per KV path the router reported (``local``, ``reuse``, ...)."""
+    breakdown: dict[str, float]
+    """Median seconds of each step of a follow-up turn (TurnRecord's breakdown fields)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,21 @@ def _mode_summary(mode: str, records: list[TurnRecord], base: list[TurnRecord]) 
         decode_kv_usage_peak=max(usage) if usage else None,
         speedup=_ratio(_spread(_followups(base), _ttft), ttft),
         latency_speedup=_ratio(_spread(_followups(base), _latency), latency),
+        paths=dict(Counter(r.kv_path for r in followups if r.kv_path is not None)),
+        breakdown=_breakdown(followups),
     )
+
+
+BREAKDOWN_STEPS = ("plan_s", "prefill_s", "decode_s", "end_wait_s")
+
+
+def _breakdown(records: list[TurnRecord]) -> dict[str, float]:
+    medians = {}
+    for step in BREAKDOWN_STEPS:
+        values = [v for r in records if (v := getattr(r, step)) is not None]
+        if values:
+            medians[step] = statistics.median(values)
+    return medians
 
 
 def _by_turn(records: list[TurnRecord]) -> Iterable[TurnPoint]:

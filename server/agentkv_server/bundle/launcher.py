@@ -21,6 +21,7 @@ from agentkv_server.bundle.chat_template import TOOL_CALL_PARSER
 from agentkv_server.bundle.model_cache import built_dtype
 from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
+from agentkv_server.router.cli import is_loopback
 
 __all__ = [
     "AGENTKV_CONNECTOR",
@@ -146,9 +147,13 @@ class EngineSpec:
         if self.device == "cpu":
             env.update(
                 VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
-                UCX_NET_DEVICES="lo",
                 UCX_TLS="self,sm,tcp",
             )
+            # An engine on a loopback address has all its peers on this machine. On any other
+            # address its peers are other hosts: UCX picks the interfaces itself (set
+            # UCX_NET_DEVICES in ``env`` to name one; docs/deploy.md).
+            if is_loopback(self.host):
+                env["UCX_NET_DEVICES"] = "lo"
             if self.cores is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
         env.update(self.env)

@@ -15,6 +15,7 @@ from agentkv_server.router.policy import (
     NeverPolicy,
     PrefillSample,
     ReusePolicy,
+    TurnLoad,
     UpstreamPolicy,
     make_policy,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RouterState",
     "SessionStore",
     "Ticket",
+    "TurnLoad",
     "UpstreamPolicy",
     "create_app",
     "make_policy",

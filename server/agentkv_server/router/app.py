@@ -36,6 +36,7 @@ from agentkv_server.router.auth import (
     session_key,
 )
 from agentkv_server.router.errors import RouterError, install_error_handlers
+from agentkv_server.router.formats import Endpoint
 from agentkv_server.router.guard import TENANT_STATE, RequestGuard
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.intake import read_json, read_request
@@ -157,6 +158,14 @@ def _make_store(settings: Settings) -> SessionStore:
     return InMemoryStore(max_sessions=settings.max_sessions, ticket_ttl_s=ticket_ttl_s)
 
 
+async def _serve_turn(request: Request, endpoint: Endpoint) -> Response:
+    """Read one turn of ``endpoint`` from ``request`` and run it through P and D."""
+    started = time.monotonic()
+    state = _state(request)
+    turn = await read_request(request, endpoint, state.settings.max_body_bytes, _tenant(request))
+    return await state.orchestrator.serve(turn, started)
+
+
 def _state(request: Request) -> RouterState:
     return request.app.state.router
 
@@ -168,28 +177,15 @@ def _tenant(request: Request) -> str | None:
 def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        started = time.monotonic()
-        state = _state(request)
-        turn = await read_request(request, "chat", state.settings.max_body_bytes, _tenant(request))
-        return await state.orchestrator.serve(turn, started)
+        return await _serve_turn(request, "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        started = time.monotonic()
-        state = _state(request)
-        turn = await read_request(
-            request, "completion", state.settings.max_body_bytes, _tenant(request)
-        )
-        return await state.orchestrator.serve(turn, started)
+        return await _serve_turn(request, "completion")
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
-        started = time.monotonic()
-        state = _state(request)
-        turn = await read_request(
-            request, "responses", state.settings.max_body_bytes, _tenant(request)
-        )
-        return await state.orchestrator.serve(turn, started)
+        return await _serve_turn(request, "responses")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

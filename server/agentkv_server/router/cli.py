@@ -30,6 +30,7 @@ __all__ = [
     "LOG_FORMAT",
     "add_arguments",
     "configure",
+    "is_loopback",
     "run",
     "settings_from_args",
 ]
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("agentkv", "upstream", "never", "always"),
         help="reuse policy: cost model (default), vLLM's example proxy, never, or always "
         "(pull every live holding)",
+    )
+    parser.add_argument(
+        "--no-local",
+        action="store_true",
+        help="never continue a turn on its decode holder (no prefill on decode engines): "
+        "pull or recompute only (docs/router.md, three paths)",
     )
     parser.add_argument(
         "--secret",
@@ -172,6 +179,8 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     }
     if timeouts:
         given["timeouts"] = timeouts
+    if getattr(args, "no_local", False):
+        given["local"] = {"enabled": False}
     if getattr(args, "api_keys", None):
         given["api_keys"] = args.api_keys
     source = f"settings (config file {args.config})" if from_file else "settings"
@@ -195,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "turns' holdings (non-streamed turns still reuse)",
             SECRET_ENV,
         )
-    if not settings.api_keys and not _is_loopback(settings.host):
+    if not settings.api_keys and not is_loopback(settings.host):
         logger.warning(
             "listening on %s without --api-key: anyone who can reach it can use the engines "
             "(docs/security.md)",
@@ -219,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address) stays on this machine."""
     if host == "localhost":
         return True
     try:

@@ -1,6 +1,6 @@
 """The router's Prometheus metrics. The names are fixed (dashboards and our checks read them):
 
-- ``agentkv_turns_total{path="reuse|recompute|fallback"}``
+- ``agentkv_turns_total{path="local|reuse|recompute|fallback"}``
 - ``agentkv_reused_tokens_total``, ``agentkv_recomputed_tokens_total``
 - ``agentkv_ttft_seconds{path}`` (histogram: request arrival to the first byte sent back)
 - ``agentkv_sessions_held`` (gauge, refreshed from the session store at each scrape)
@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 __all__ = ["ErrorKind", "KVPath", "RouterMetrics"]
 
-KVPath = Literal["reuse", "recompute", "fallback"]
+KVPath = Literal["local", "reuse", "recompute", "fallback"]
+"""``local``: the turn continued on its decode holder (no prefill step, no transfer)."""
 ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall", "hang"]
 """``stall``: a step whose engine answered but made no progress (docs/faults.md), or a prefill
 step that pulled KV ran past ``timeouts.pull_s`` (then P is not blamed); ``hang``: a step whose
@@ -38,7 +39,8 @@ class RouterMetrics:
         )
         self.reused_tokens = Counter(
             "agentkv_reused_tokens_total",
-            "Prompt tokens prefill engines pulled from a decode holder instead of computing.",
+            "Prompt tokens not computed again: pulled from a decode holder, or found in the "
+            "holder's prefix cache by a local turn.",
             registry=self.registry,
         )
         self.recomputed_tokens = Counter(
@@ -75,7 +77,7 @@ class RouterMetrics:
             ["op"],
             registry=self.registry,
         )
-        for path in ("reuse", "recompute", "fallback"):
+        for path in ("local", "reuse", "recompute", "fallback"):
             self.turns.labels(path=path)
 
     def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:

@@ -1,10 +1,13 @@
 """One turn through prefill (P) and decode (D) engines, with KV reuse and every fallback.
 
-1. Take the session's holding (atomically: a concurrent turn of the same session gets none) and
-   let the policy decide: pull it, or recompute. A pull is planned only from a holder that is
-   not known lost since the holding was made and that answers now (watchdog.py).
-2. P step (one output token, formats.py): the holding's params plus ``do_remote_decode`` for a
-   reuse, the cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
+1. Take the session's holding (atomically: a concurrent turn of the same session gets none),
+   count the prompt's new tokens on the holder (tokens.py) and let the policy decide: continue
+   on the holder (``local``), pull, or recompute. Local turns and pulls are planned only on a
+   holder that is not known lost since the holding was made and that answers now (watchdog.py).
+   A local turn skips step 2 and is the D step of 3 on the holder; if the holder fails before
+   its first byte, the turn is recomputed through P on another decode engine (a ``fallback``).
+2. P step (one output token, formats.py): the holding's params plus ``do_remote_decode`` for a reuse, the
+   cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
    ``fallback``) and on other P engines; with none left the turn is served decode-only.
 3. D step: P's returned params plus agentkv's retention and ticket, preferring the holder as
    decode engine. A D failure before its first byte is retried on another D engine. Streams are
@@ -37,8 +40,9 @@ from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.metrics import KVPath, RouterMetrics
 from agentkv_server.router.placement import Engine, EnginePool
-from agentkv_server.router.policy import PrefillSample, ReusePolicy
+from agentkv_server.router.policy import PrefillSample, ReusePolicy, TurnLoad
 from agentkv_server.router.sessions import Holding
+from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
 from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings
@@ -64,13 +68,17 @@ class _Turn:
     request: ClientRequest
     started: float
     holding: Holding | None = None
+    local: bool = False
     reuse: bool = False
     fallback: bool = False
     pulled: bool = False
+    prompt_tokens: int | None = None
     reused_tokens: int = 0
     computed_tokens: int = 0
     prefill_params: dict[str, Any] | None = None
     failures: list[EngineFailure] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""
 
     @property
     def wire(self) -> WireFormat:
@@ -80,16 +88,26 @@ class _Turn:
     def path(self) -> KVPath:
         if self.fallback:
             return "fallback"
+        if self.local:
+            return "local"
         return "reuse" if self.pulled else "recompute"
 
     def headers(self) -> dict[str, str]:
         headers = {
             protocol.HEADER_KV_PATH: self.path,
             protocol.HEADER_REUSED_TOKENS: str(self.reused_tokens),
+            "server-timing": self.server_timing(),
         }
         if self.request.session_id is not None:
             headers[protocol.HEADER_RESPONSE_SESSION_ID] = self.request.session_id
         return headers
+
+    def server_timing(self) -> str:
+        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds)."""
+        return ", ".join(f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items())
+
+    def breakdown(self) -> str:
+        return " ".join(f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items())
 
 
 class Orchestrator:
@@ -123,17 +141,31 @@ class Orchestrator:
         self._decode_timeout = aiohttp.ClientTimeout(
             total=timeouts.decode_s, connect=timeouts.connect_s
         )
+        self._tokenize_timeout = aiohttp.ClientTimeout(
+            total=timeouts.tokenize_s, connect=timeouts.connect_s
+        )
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
         turn = _Turn(request, started)
         await self._plan(turn)
+        turn.phases["plan"] = time.monotonic() - started
+        excluded: list[Engine] = []
+        if turn.local:
+            response = await self._local_step(turn, excluded)
+            if response is not None:
+                return await self._after(turn, response)
+        began = time.monotonic()
         try:
             await self._prefill_step(turn)
         except EngineFailure as refused:
             return self._passthrough(turn, refused)
         finally:
             self._release_unpulled(turn)
-        response = await self._decode_step(turn)
+            turn.phases["prefill"] = time.monotonic() - began
+        return await self._after(turn, await self._decode_step(turn, excluded))
+
+    async def _after(self, turn: _Turn, response: Response) -> Response:
+        request = turn.request
         if request.hints.session_end and request.session_key is not None:
             await self._end_session(request.session_key)
         return response
@@ -152,20 +184,90 @@ class Orchestrator:
         if holding is None:
             return
         turn.holding = holding
-        decision = self._policy.decide(holding, time.time())
-        if not decision.reuse:
-            logger.debug("session %s: recompute (%s)", key, decision.reason)
-            return
         holder = self._decode.get(holding.decode_url)
-        if (
-            holder is None
-            or not holder.healthy
-            or not holder.may_hold(holding.issued_at)
-            or not await self._holder_answers(holder)
-        ):
+        if holder is not None and (not holder.healthy or not holder.may_hold(holding.issued_at)):
+            holder = None
+        load = await self._turn_load(turn, holder) if holder is not None else None
+        decision = self._policy.decide(holding, time.time(), load)
+        logger.debug(
+            "session %s: %s (%s) held=%d new=%s holder_running=%s",
+            key,
+            decision.path,
+            decision.reason,
+            holding.num_tokens,
+            None if load is None else load.new_tokens,
+            None if load is None else load.holder_running,
+        )
+        if decision.path == "recompute":
+            return
+        if holder is None or not await self._holder_answers(holder):
             turn.fallback = True  # the holder cannot answer: a pull would wait on it
             return
-        turn.reuse = True
+        turn.local = decision.path == "local"
+        turn.reuse = decision.path == "pull"
+
+    async def _turn_load(self, turn: _Turn, holder: Engine) -> TurnLoad | None:
+        """The new part's size and the holder's load; None when the holder cannot count it."""
+        if not self._policy.considers_local:
+            return None
+        try:
+            prompt_tokens = await count_prompt_tokens(
+                self._http, holder, turn.request, turn.request.headers, self._tokenize_timeout
+            )
+        except EngineFailure as failure:
+            logger.debug("%s: planning without the local path", failure)
+            return None
+        holder.mark_answered()
+        if prompt_tokens is None or turn.holding is None:
+            return None
+        turn.prompt_tokens = prompt_tokens
+        new_tokens = max(prompt_tokens - turn.holding.num_tokens, 0)
+        return TurnLoad(new_tokens=new_tokens, holder_running=holder.inflight)
+
+    async def _local_step(self, turn: _Turn, excluded: list[Engine]) -> Response | None:
+        """The turn on its holder without a P step; None (now a fallback) if the holder failed
+        before its first byte, with the holder added to ``excluded``."""
+        assert turn.holding is not None
+        holding = turn.holding
+        holder = self._decode.get(holding.decode_url)
+        assert holder is not None
+        retention_s = self._retention_s(turn)
+        ticket = await self._issue_ticket(turn, holder, retention_s)
+        body = self._decode_body(turn, retention_s, ticket)
+        try:
+            if turn.request.stream:
+                response = await self._stream(turn, holder, body, ticket)
+            else:
+                response = await self._complete(turn, holder, body, ticket)
+        except EngineFailure as failure:
+            self._note_failure(turn, failure)
+            if failure.is_client_error:
+                self._keeper.release_soon([holding])
+                return self._passthrough(turn, failure)
+            logger.warning("local turn on %s failed (%s): recomputing", holder.url, failure.kind)
+            turn.local, turn.fallback = False, True
+            excluded.append(holder)
+            return None
+        # The new request holds the history's blocks now (prefix hit): the old lease can go.
+        self._keeper.release_soon([holding])
+        return response
+
+    def _account_local(self, turn: _Turn, answer: dict[str, Any] | None) -> None:
+        """Reused tokens of a local turn: the engine's cached count, else the holding's."""
+        assert turn.holding is not None
+        usage = turn.wire.prompt_usage(answer) if answer is not None else None
+        prompt_tokens = usage.prompt_tokens if usage is not None else None
+        cached = usage.cached_tokens if usage is not None else None
+        prompt_tokens = prompt_tokens if prompt_tokens is not None else turn.prompt_tokens
+        held = turn.holding.num_tokens
+        if cached is not None:
+            turn.reused_tokens = cached
+        else:
+            turn.reused_tokens = held if prompt_tokens is None else min(held, prompt_tokens)
+        if prompt_tokens is not None:
+            turn.computed_tokens = max(prompt_tokens - turn.reused_tokens, 0)
+        if turn.request.stream:  # a non-streamed answer's time includes its whole decode
+            self._policy.observe_local(turn.computed_tokens, turn.phases["decode"])
 
     async def _holder_answers(self, holder: Engine) -> bool:
         problem = await self._watchdog.unanswered(holder)
@@ -252,13 +354,16 @@ class Orchestrator:
         if turn.holding is not None and not turn.pulled:
             self._keeper.release_soon([turn.holding])
 
-    async def _decode_step(self, turn: _Turn) -> Response:
-        request = turn.request
+    def _retention_s(self, turn: _Turn) -> float:
         # Without the store nothing could record this turn's KV: ask the engine to keep none.
+        request = turn.request
         keep = request.session_key is not None and self._keeper.store.available
-        retention_s = self._policy.retention_s(request.hints) if keep else 0.0
+        return self._policy.retention_s(request.hints) if keep else 0.0
+
+    async def _decode_step(self, turn: _Turn, excluded: list[Engine]) -> Response:
+        request = turn.request
+        retention_s = self._retention_s(turn)
         prefer = turn.holding.decode_url if turn.holding is not None else None
-        excluded: list[Engine] = []
         for _ in range(self._settings.decode_attempts):
             engine = self._decode.pick(prefer=prefer, exclude=excluded)
             if engine is None:
@@ -301,6 +406,7 @@ class Orchestrator:
     async def _complete(
         self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
+        began = time.monotonic()
         with engine.busy():
             answer = await self._watchdog.run(
                 engine,
@@ -313,15 +419,20 @@ class Orchestrator:
                     self._decode_timeout,
                 ),
             )
+        turn.phases["decode"] = time.monotonic() - began
+        if turn.local:
+            self._account_local(turn, answer)
         self._record_turn(turn)
         params = answer.pop("kv_transfer_params", None)
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
+        _log_breakdown(turn)
         return JSONResponse(answer, headers=turn.headers())
 
     async def _stream(
         self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
+        began = time.monotonic()
         engine.inflight += 1
         try:
             stream = await self._watchdog.run(
@@ -340,15 +451,23 @@ class Orchestrator:
         except BaseException:
             engine.inflight -= 1
             raise
+        turn.phases["decode"] = time.monotonic() - began
+        if turn.local:
+            self._account_local(turn, None)
         self._record_turn(turn)
         return StreamingResponse(
-            self._relay(stream, engine, ticket, turn.wire.stream_editor()),
+            self._relay(turn, stream, engine, ticket, turn.wire.stream_editor()),
             media_type=stream.content_type,
             headers=turn.headers(),
         )
 
     async def _relay(
-        self, stream: DecodeStream, engine: Engine, ticket: str | None, editor: StreamEditor
+        self,
+        turn: _Turn,
+        stream: DecodeStream,
+        engine: Engine,
+        ticket: str | None,
+        editor: StreamEditor,
     ) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream.chunks():
@@ -358,7 +477,9 @@ class Orchestrator:
                 if final is None:
                     continue
                 if ticket is not None:
+                    waited = time.monotonic()
                     await self._hold_back_final(ticket, editor.kv_transfer_params)
+                    turn.phases["report"] = time.monotonic() - waited
                 yield final
             if rest := editor.flush():
                 yield rest
@@ -370,6 +491,7 @@ class Orchestrator:
         finally:
             stream.close()
             engine.inflight -= 1
+            _log_breakdown(turn)
 
     async def _hold_back_final(self, ticket: str, params: dict[str, Any] | None) -> None:
         """The stream's end tells the client it may send its next turn: hold it back until this
@@ -423,4 +545,15 @@ def _unservable(turn: _Turn) -> RouterError:
         f"No engine could serve the request: {turn.failures[-1]}",
         type="server_error",
         code="engine_failure",
+    )
+
+
+def _log_breakdown(turn: _Turn) -> None:
+    logger.debug(
+        "session %s turn %s: %s reused=%d computed=%d",
+        turn.request.session_id,
+        turn.path,
+        turn.breakdown(),
+        turn.reused_tokens,
+        turn.computed_tokens,
     )

@@ -1,9 +1,10 @@
-"""Reuse policies: pull a session's held KV or recompute it, and how long to retain it after.
+"""Reuse policies: where a session's turn runs (local / pull / recompute), and retention after.
 
-``agentkv`` (:class:`CostModelPolicy`) compares the predicted time to pull the held tokens from
-the decode holder with the time to recompute them on a prefill engine, from rates the router
-measures on its own prefill steps (exponentially weighted line fits), and skips holdings that would
-expire before the pull is done. It asks decode engines to retain KV for as long as the client's
+``agentkv`` (:class:`CostModelPolicy`) predicts each path's time to first token from rates the
+router measures on its own steps (exponentially weighted line fits): continuing on the decode
+holder (``local``: the holder prefills only the turn's new tokens), pulling the held tokens to a
+prefill engine, or recomputing them there. ``local`` must also fit the budget for other
+sessions (settings.LocalPathSettings); holdings that would expire first are not used. It asks decode engines to retain KV for as long as the client's
 hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
 threshold, the engines' fixed 480 s retention, no hints) and ``never`` always recomputes and
 asks engines to keep nothing: the benchmark's modes ``upstream`` and ``recompute``. ``always``
@@ -14,11 +15,17 @@ for tests of the KV path, and for operators who know pulling wins on their hardw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from agentkv_server.router.intake import TurnHints
 from agentkv_server.router.sessions import Holding
-from agentkv_server.settings import CostModelSettings, PolicyName, RetentionSettings, Settings
+from agentkv_server.settings import (
+    CostModelSettings,
+    LocalPathSettings,
+    PolicyName,
+    RetentionSettings,
+    Settings,
+)
 
 __all__ = [
     "AlwaysPolicy",
@@ -26,8 +33,10 @@ __all__ = [
     "Decision",
     "LinearFit",
     "NeverPolicy",
+    "Path",
     "PrefillSample",
     "ReusePolicy",
+    "TurnLoad",
     "UpstreamPolicy",
     "make_policy",
 ]
@@ -37,12 +46,32 @@ __all__ = [
 _MIN_SECONDS_PER_TOKEN = 1e-7
 
 
+Path = Literal["local", "pull", "recompute"]
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Whether to pull a holding, and why (for logs and tests)."""
+    """Where a turn with a holding runs, and why (a reason label for logs and tests)."""
 
-    reuse: bool
+    path: Path
     reason: str
+
+    @property
+    def reuse(self) -> bool:
+        """Whether a prefill engine pulls the holding."""
+        return self.path == "pull"
+
+
+@dataclass(frozen=True)
+class TurnLoad:
+    """What the local path's choice needs beyond the holding.
+
+    ``new_tokens``: the prompt's tokens beyond the holding; ``holder_running``: requests the
+    router has in flight on the holder (the sequences a local prefill would stall).
+    """
+
+    new_tokens: int
+    holder_running: int
 
 
 @dataclass(frozen=True)
@@ -59,13 +88,19 @@ class ReusePolicy(Protocol):
     sends_hints: bool
     """Whether decode engines get agentkv's own ``kv_transfer_params`` (retention, ticket,
     release). False for engines that only speak upstream's protocol."""
+    considers_local: bool
+    """Whether :meth:`decide` may choose ``local`` (then the router counts new tokens)."""
 
-    def decide(self, holding: Holding, now: float) -> Decision: ...
+    def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
+        """``load`` None: the new part is unknown, so the turn cannot go ``local``."""
 
     def retention_s(self, hints: TurnHints) -> float:
         """Seconds the decode engine should keep this turn's KV after it finishes."""
 
     def observe(self, sample: PrefillSample) -> None: ...
+
+    def observe_local(self, new_tokens: int, seconds: float) -> None:
+        """A local turn's new tokens and its decode step's time to first byte."""
 
 
 class LinearFit:
@@ -105,22 +140,38 @@ def _accumulate(sums: list[float], x: float, y: float, weight: float) -> None:
 
 
 class CostModelPolicy:
-    """Reuse when pulling the held tokens is predicted to beat recomputing them.
+    """The path with the least predicted time to first token, within the local budget.
 
     Prefill steps that pulled nothing fit ``seconds = fixed + per_token * computed``; steps that
     pulled fit the rest of their time, ``seconds - fixed - per_token * computed``, as
-    ``overhead + per_pulled_token * pulled``. A reuse saves recomputing the held tokens and
-    costs pulling them; the fixed part of a prefill step is paid either way.
+    ``overhead + per_pulled_token * pulled``; local turns fit their decode step's time to first
+    byte against their new tokens. Predicted, for H held and N new tokens:
+
+    - local: ``local(N)``, paid on the holder, which stalls its running sequences as long;
+    - pull: ``fixed + pull(H) + per_token * N``;
+    - recompute: ``fixed + per_token * (H + N)``.
     """
 
     name: PolicyName = "agentkv"
     sends_hints = True
 
-    def __init__(self, cost: CostModelSettings, retention: RetentionSettings) -> None:
+    def __init__(
+        self,
+        cost: CostModelSettings,
+        retention: RetentionSettings,
+        local: LocalPathSettings | None = None,
+    ) -> None:
         self._cost = cost
         self._retention = retention
+        self._local_settings = local or LocalPathSettings()
         self._prefill = LinearFit(0.0, 1.0 / cost.prefill_tokens_per_s, cost.ewma_alpha)
         self._pull = LinearFit(cost.pull_overhead_s, 1.0 / cost.pull_tokens_per_s, cost.ewma_alpha)
+        # Until a local turn is measured, the holder is assumed to prefill at P's rate.
+        self._local: LinearFit | None = None
+
+    @property
+    def considers_local(self) -> bool:
+        return self._local_settings.enabled
 
     @property
     def prefill_s_per_token(self) -> float:
@@ -133,13 +184,41 @@ class CostModelPolicy:
     def predicted_recompute_s(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token
 
-    def decide(self, holding: Holding, now: float) -> Decision:
-        pull_s = self.predicted_pull_s(holding.num_tokens)
-        if holding.remaining_s(now) < pull_s + self._cost.expiry_guard_s:
-            return Decision(False, "expiring")
-        if pull_s >= self.predicted_recompute_s(holding.num_tokens):
-            return Decision(False, "recompute_cheaper")
-        return Decision(True, "pull_cheaper")
+    def predicted_local_s(self, new_tokens: int) -> float:
+        if self._local is None:
+            return new_tokens * self.prefill_s_per_token
+        fixed, per_token = self._local.line()
+        return fixed + new_tokens * per_token
+
+    def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
+        remaining_s = holding.remaining_s(now)
+        if remaining_s < self._cost.expiry_guard_s:
+            return Decision("recompute", "expiring")
+        held = holding.num_tokens
+        new = load.new_tokens if load is not None else 0
+        fixed = self._prefill.line()[0]
+        pull_s = fixed + self.predicted_pull_s(held) + self.predicted_recompute_s(new)
+        recompute_s = fixed + self.predicted_recompute_s(held + new)
+        refused = None
+        if load is not None and self._local_settings.enabled:
+            local_s = self.predicted_local_s(load.new_tokens)
+            refused = self._local_refusal(load, local_s)
+            if refused is None and local_s <= min(pull_s, recompute_s):
+                return Decision("local", "local_fastest")
+        if remaining_s < self.predicted_pull_s(held) + self._cost.expiry_guard_s:
+            return Decision("recompute", "expiring")
+        if pull_s >= recompute_s:
+            return Decision("recompute", refused or "recompute_cheaper")
+        return Decision("pull", refused or "pull_cheaper")
+
+    def _local_refusal(self, load: TurnLoad, local_s: float) -> str | None:
+        """Why the local path would hurt the holder's other sessions, or None."""
+        limits = self._local_settings
+        if load.new_tokens > limits.max_new_tokens:
+            return "new_part_too_long"
+        if load.holder_running > 0 and local_s > limits.max_stall_s:
+            return "stall_over_budget"
+        return None
 
     def retention_s(self, hints: TurnHints) -> float:
         retention = self._retention
@@ -159,16 +238,22 @@ class CostModelPolicy:
             pull_s = sample.seconds - fixed - per_token * sample.computed_tokens
             self._pull.add(sample.pulled_tokens, max(pull_s, 0.0))
 
+    def observe_local(self, new_tokens: int, seconds: float) -> None:
+        if self._local is None:
+            self._local = LinearFit(0.0, self.prefill_s_per_token, self._cost.ewma_alpha)
+        self._local.add(new_tokens, seconds)
+
 
 class AlwaysPolicy(CostModelPolicy):
     """Pull every holding that outlives the expiry guard; retain as the cost model does."""
 
     name: PolicyName = "always"
+    considers_local = False  # type: ignore[assignment]
 
-    def decide(self, holding: Holding, now: float) -> Decision:
+    def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         if holding.remaining_s(now) < self._cost.expiry_guard_s:
-            return Decision(False, "expiring")
-        return Decision(True, "always")
+            return Decision("recompute", "expiring")
+        return Decision("pull", "always")
 
 
 class UpstreamPolicy:
@@ -176,18 +261,22 @@ class UpstreamPolicy:
 
     name: PolicyName = "upstream"
     sends_hints = False
+    considers_local = False
     THRESHOLD_TOKENS = 64
     RETENTION_S = 480.0
 
-    def decide(self, holding: Holding, now: float) -> Decision:
+    def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         if holding.num_tokens < self.THRESHOLD_TOKENS:
-            return Decision(False, "below_threshold")
-        return Decision(True, "threshold")
+            return Decision("recompute", "below_threshold")
+        return Decision("pull", "threshold")
 
     def retention_s(self, hints: TurnHints) -> float:
         return self.RETENTION_S
 
     def observe(self, sample: PrefillSample) -> None:
+        return None
+
+    def observe_local(self, new_tokens: int, seconds: float) -> None:
         return None
 
 
@@ -196,14 +285,18 @@ class NeverPolicy:
 
     name: PolicyName = "never"
     sends_hints = True
+    considers_local = False
 
-    def decide(self, holding: Holding, now: float) -> Decision:
-        return Decision(False, "disabled")
+    def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
+        return Decision("recompute", "disabled")
 
     def retention_s(self, hints: TurnHints) -> float:
         return 0.0
 
     def observe(self, sample: PrefillSample) -> None:
+        return None
+
+    def observe_local(self, new_tokens: int, seconds: float) -> None:
         return None
 
 
@@ -215,4 +308,4 @@ def make_policy(settings: Settings) -> ReusePolicy:
         return NeverPolicy()
     if settings.policy == "always":
         return AlwaysPolicy(settings.cost, settings.retention)
-    return CostModelPolicy(settings.cost, settings.retention)
+    return CostModelPolicy(settings.cost, settings.retention, settings.local)

@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from agentkv_server.testing.stub_shapes import (
+    MAX_TOKENS,
     answer_body,
     count_prompt_tokens,
     invalid_body,
@@ -140,6 +141,7 @@ class StubEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/responses", self._completion)
@@ -184,6 +186,14 @@ class StubEngine:
         await self._thaw()
         model = {"id": self.cluster.model, "object": "model", "owned_by": "agentkv-stub"}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: the prompt's tokens as a completion would see them."""
+        await self._thaw()
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        count = count_prompt_tokens(body)
+        return web.json_response({"count": count, "max_model_len": MAX_TOKENS, "tokens": []})
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         await self._thaw()
@@ -270,8 +280,10 @@ class StubEngine:
         self, request: web.Request, body: dict[str, Any], params: dict[str, Any]
     ) -> web.StreamResponse:
         prompt_tokens = count_prompt_tokens(body)
+        cached = 0
         if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
-            await self._compute(prompt_tokens)
+            cached = self._prefix_hit(prompt_tokens)
+            await self._compute(prompt_tokens - cached)
         n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
@@ -280,11 +292,18 @@ class StubEngine:
         if body.get("stream"):
             response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
         else:
-            answer = answer_body(body, stub_answer(n), prompt_tokens, n, None, holding)
+            reported = cached if self.report_cached_tokens and cached else None
+            answer = answer_body(body, stub_answer(n), prompt_tokens, n, reported, holding)
             response = web.json_response(answer)
         if ticket and holding is not None:
             self._report({"ticket": ticket, "kv_transfer_params": holding})
         return response
+
+    def _prefix_hit(self, prompt_tokens: int) -> int:
+        """Tokens this engine's prefix cache covers: its longest live retained request's, as
+        a stand-in for vLLM's block hashes (the stub does not compare token contents)."""
+        held = [entry.num_tokens for entry in self.retained.values() if entry.alive()]
+        return min(max(held, default=0), prompt_tokens)
 
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
         retention = params.get("agentkv_retention_seconds")

@@ -92,7 +92,7 @@ def test_every_mode_against_given_engines(
     assert result.config["model"] == "stub-model"  # asked from the engine
     per_mode = {m: [r for r in result.records if r.mode == m] for m in cli.MODES}
     assert all(len(records) == 4 and all(r.ok for r in records) for records in per_mode.values())
-    assert any(r.kv_path == "reuse" for r in per_mode["agentkv"])
+    assert any(r.kv_path == "local" for r in per_mode["agentkv"])  # short follow-ups
     summary = capsys.readouterr().out
     assert all(f"| {mode} |" in summary for mode in cli.MODES)
 

@@ -70,6 +70,14 @@ def test_cpu_environment_separates_engines() -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
+def test_an_engine_on_a_network_address_leaves_ucx_its_interfaces() -> None:
+    """Pinned to lo, UCX could never reach a peer on another host (tests/multihost)."""
+    env = spec(host="10.77.0.4").environment(base={})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.77.0.4"
+    assert "UCX_NET_DEVICES" not in env
+    assert env["UCX_TLS"] == "self,sm,tcp"
+
+
 def test_gpu_engines_get_no_cpu_settings_and_no_eager_mode() -> None:
     gpu = spec(device="cuda", cores=None)
     env = gpu.environment(base={})

@@ -16,6 +16,9 @@ SECRET = "test-secret"
 # (instead of the 50 ms default, sized for real engines) lets a 500-token history be pulled.
 STUB_PREFILL_S_PER_TOKEN = 1e-4
 STUB_COST = {"pull_overhead_s": 0.005}
+# Most tests here exercise the pull and recompute paths; the local path's own tests
+# (test_local_path.py) turn it on.
+PULL_ONLY = {"enabled": False}
 
 MakeRouter = Callable[..., Awaitable[InProcessRouter]]
 
@@ -28,7 +31,7 @@ async def make_router() -> AsyncIterator[MakeRouter]:
         async def make(n_prefill: int = 1, n_decode: int = 1, **settings: Any) -> InProcessRouter:
             cluster = StubCluster(prefill_s_per_token=STUB_PREFILL_S_PER_TOKEN)
             stack.push_async_callback(cluster.close)
-            options = {"secret": SECRET, "cost": STUB_COST} | settings
+            options = {"secret": SECRET, "cost": STUB_COST, "local": PULL_ONLY} | settings
             return await stack.enter_async_context(
                 in_process_router(cluster, n_prefill=n_prefill, n_decode=n_decode, **options)
             )

@@ -221,3 +221,14 @@ def test_a_port_in_use_is_a_runtime_failure(capsys):
         argv = ["router", "--decode-url", "http://127.0.0.1:9", "--port", str(port)]
         assert main([*argv, "--secret", "s", "--log-level", "error"]) == 1
     assert f"could not serve on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_no_local_turns_the_local_path_off(tmp_path):
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"local": {"max_new_tokens": 64}}))
+    args = parse("--decode-url", "http://d:1", "--config", str(config))
+    assert settings_from_args(args).local.enabled
+
+    args = parse("--decode-url", "http://d:1", "--config", str(config), "--no-local")
+    local = settings_from_args(args).local
+    assert not local.enabled and local.max_new_tokens == 64

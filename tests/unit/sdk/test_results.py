@@ -1,4 +1,4 @@
-from agentkv._results import finish_reason, kv_path, reused_tokens
+from agentkv._results import finish_reason, kv_path, reused_tokens, server_timing
 from agentkv.testing import openai_httpx
 
 
@@ -28,3 +28,15 @@ def test_router_headers():
     assert (kv_path(headers), reused_tokens(headers)) == ("reuse", 640)
     assert (kv_path({}), reused_tokens({})) == (None, None)
     assert reused_tokens({"x-agentkv-reused-tokens": "many"}) is None
+
+
+def test_server_timing_gives_seconds_per_step():
+    headers = {"server-timing": "plan;dur=1.5, prefill;dur=20, decode;dur=3.25"}
+    assert server_timing(headers) == {"plan": 0.0015, "prefill": 0.02, "decode": 0.00325}
+
+
+def test_server_timing_skips_what_it_cannot_read():
+    assert server_timing({}) == {}
+    assert server_timing({"server-timing": "plan;dur=x, cache, decode;desc=a;dur=2"}) == {
+        "decode": 0.002
+    }
