@@ -21,7 +21,8 @@ Five changes to upstream:
   (``kv_load_failure_policy="recompute"``), so no request waits forever on a peer.
 * **Dead peers.** A read that ends in an error (NIXL_ERR_REMOTE_DISCONNECT from a killed holder)
   fails its request at once, drops its handle even when NIXL will not release it, fails every
-  other pull from that engine, and quarantines the engine for ``dead_peer_seconds``: no
+  other pull from that engine, and quarantines the engine for ``dead_peer_seconds``; so does a
+  read that NIXL refuses to post (``transfer()`` raises it for a holder already dead). No
   handshake, read or heartbeat goes to it meanwhile. A peer a read waits on is probed off the
   worker thread (``peers.py``): a refused connection counts as that error (docs/connector.md,
   "Dead peers").
@@ -30,7 +31,7 @@ Five changes to upstream:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
@@ -126,6 +127,17 @@ class AgentKVWorker(NixlPullConnectorWorker):
             )
             return
         super()._read_blocks_for_req(req_id, meta)
+
+    def _read_blocks(self, **read: Any) -> bool:
+        """Upstream's post of one read; one it could not post quarantines the peer at once.
+
+        Upstream has already failed the request (it recomputes); without the quarantine, the
+        peer's other pulls would each wait for their own read to fail or for the next probe.
+        """
+        posted = super()._read_blocks(**read)
+        if not posted:
+            self._quarantine_peer(read["dst_engine_id"])
+        return posted
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         now = time.monotonic()

@@ -6,6 +6,7 @@ path touches, so these tests also pin the upstream names the override relies on.
 
 from __future__ import annotations
 
+import inspect
 import time
 from types import SimpleNamespace
 from unittest import mock
@@ -143,6 +144,33 @@ def test_remote_disconnect_fails_every_pull_from_that_engine_at_once() -> None:
     assert worker._recving_transfers == {"elsewhere": [3]}
     assert "decode" in worker._quarantine and "other" not in worker._quarantine
     assert "decode" in worker._invalid_remote_engines  # upstream re-handshakes it later
+
+
+def test_a_read_nixl_refuses_to_post_quarantines_its_peer_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused_post(self: AgentKVWorker, **read: object) -> bool:
+        # Upstream's contract: transfer() raised, the request is already reported failed.
+        self._handle_failed_transfer(read["request_id"], None, self._recv_failures)
+        return False
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks", refused_post)
+    worker = bare_worker(FakeNixl())
+    pulling(worker, "refused", [])
+    pulling(worker, "sibling", None)
+    pulling(worker, "elsewhere", None, engine="other")
+
+    posted = worker._read_blocks(request_id="refused", dst_engine_id="decode")
+
+    assert not posted
+    assert "decode" in worker._quarantine and "other" not in worker._quarantine
+    assert worker._recv_failures == {"refused", "sibling"}  # the sibling recomputes too
+    assert "decode" in worker._invalid_remote_engines
+
+
+def test_upstream_posts_reads_with_the_arguments_the_override_reads() -> None:
+    parameters = inspect.signature(NixlPullConnectorWorker._read_blocks).parameters
+    assert {"request_id", "dst_engine_id"} <= parameters.keys()
 
 
 def test_a_quarantined_peer_gets_no_handshake_or_read(monkeypatch: pytest.MonkeyPatch) -> None:
