@@ -87,7 +87,7 @@ def main() -> None:
               max_tokens=OUTPUT_TOKENS, retention_seconds=0))  # fmt: skip
         for engine in (p, d1):
             print(f"{engine.name} healthy at the end: {healthy(engine.url)}")
-        print(f"P log: {stack.log_paths().get(p.name)}")
+        print(f"P log: {stack.log_paths.get(p.name)}")
 
 
 if __name__ == "__main__":
