@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
 OUTPUT_TOKENS = 16
 T = TypeVar("T")

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from agentkv_server import wire
 from agentkv_server.bench.modes import MODES, Deployment, ModeName, parse_base_urls, serve_mode
 from agentkv_server.bench.records import BenchResult, TurnRecord
 from agentkv_server.bench.report import MARKDOWN_NAME, write_report
@@ -121,7 +122,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--secret",
-        default=os.environ.get("AGENTKV_SECRET"),
+        default=os.environ.get(wire.SECRET_ENV),
         help="the decode engines' agentkv_secret (default: $AGENTKV_SECRET)",
     )
     where.add_argument(

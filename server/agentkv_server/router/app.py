@@ -28,10 +28,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.router.auth import (
-    HEADER_SECRET,
     METRICS_PATH,
-    REPORT_PATH,
     AccessPolicy,
     session_key,
 )
@@ -49,7 +48,7 @@ from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
 from agentkv_server.settings import Settings
 
-__all__ = ["HEADER_SECRET", "REPORT_PATH", "RouterState", "create_app"]
+__all__ = ["RouterState", "create_app"]
 
 
 @dataclass
@@ -236,21 +235,21 @@ def _add_routes(app: FastAPI) -> None:
         }
         return JSONResponse(body)
 
-    @app.post(REPORT_PATH, status_code=204)
+    @app.post(wire.REPORT_PATH, status_code=204)
     async def report_holding(request: Request) -> Response:
         # The guard has checked the shared secret.
         state = _state(request)
         report = await read_json(request, state.settings.max_body_bytes)
         if not (
-            isinstance(report.get("ticket"), str)
-            and isinstance(report.get("kv_transfer_params"), dict)
+            isinstance(report.get(wire.REPORT_TICKET), str)
+            and isinstance(report.get(wire.KV_TRANSFER_PARAMS), dict)
         ):
             raise RouterError(
                 400,
                 "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
                 code="invalid_report",
             )
-        await state.keeper.record(report["ticket"], report["kv_transfer_params"])
+        await state.keeper.record(report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS])
         return Response(status_code=204)
 
     @app.get("/health")

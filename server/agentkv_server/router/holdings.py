@@ -1,4 +1,7 @@
-"""Keeping holdings: issuing tickets, recording what decode engines report, releasing KV.
+"""Keeping holdings: the session lifecycle over the session store.
+
+The orchestrator and the app go through the keeper only: it takes a session's holding for a
+turn, issues tickets, records what decode engines report, ends sessions and releases KV.
 
 A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
@@ -17,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from agentkv_server import wire
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
@@ -30,7 +34,7 @@ _MAX_AWAITED_TICKETS = 4096
 
 
 class HoldingKeeper:
-    """The router's side of the holdings protocol, over the session store."""
+    """The router's side of the holdings protocol, over the session store (its only user)."""
 
     def __init__(
         self,
@@ -41,7 +45,7 @@ class HoldingKeeper:
         release_timeout_s: float,
         releases_enabled: bool,
     ) -> None:
-        self.store = store
+        self._store = store
         self._http = http
         self._safety_margin_s = safety_margin_s
         self._release_timeout = aiohttp.ClientTimeout(total=release_timeout_s)
@@ -50,18 +54,27 @@ class HoldingKeeper:
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
         self._unrecorded: dict[str, asyncio.Event] = {}
 
+    @property
+    def keeps_holdings(self) -> bool:
+        """False while the store is out: nothing could record a turn's KV, so keep none."""
+        return self._store.available
+
+    async def take(self, session_key: str) -> Holding | None:
+        """The session's holding for this turn; a concurrent turn of the session gets none."""
+        return await self._store.take(session_key)
+
     async def issue(
-        self, session_id: str, decode_url: str, model: str, retention_s: float
+        self, session_key: str, decode_url: str, model: str, retention_s: float
     ) -> Ticket:
         ticket = Ticket(
             ticket=uuid.uuid4().hex,
-            session_id=session_id,
+            session_key=session_key,
             decode_url=decode_url,
             model=model,
             issued_at=time.time(),
             retention_s=retention_s,
         )
-        await self.store.add_ticket(ticket)
+        await self._store.add_ticket(ticket)
         if len(self._unrecorded) >= _MAX_AWAITED_TICKETS:
             del self._unrecorded[next(iter(self._unrecorded))]
         self._unrecorded[ticket.ticket] = asyncio.Event()
@@ -95,7 +108,7 @@ class HoldingKeeper:
         recorded = self._unrecorded.pop(ticket_id, None)
         if recorded is not None:
             recorded.set()
-        ticket = await self.store.pop_ticket(ticket_id)
+        ticket = await self._store.pop_ticket(ticket_id)
         if ticket is None:
             return None
         holding = holding_from_params(
@@ -103,16 +116,23 @@ class HoldingKeeper:
         )
         if holding is None:
             return None
-        losers = await self.store.offer(holding)
+        losers = await self._store.offer(holding)
         self.release_soon(losers)
         return None if holding in losers else holding
 
-    async def end(self, key: str) -> tuple[Holding | None, bool]:
+    async def end(self, session_key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
-        holding = await self.store.end(key, time.time())
+        holding = await self._store.end(session_key, time.time())
         if holding is None:
             return None, False
         return holding, await self.release(holding)
+
+    async def end_soon(self, session_key: str) -> None:
+        """After a session's last turn: refuse holdings of turns still in flight, and free any
+        kept in the background."""
+        holding = await self._store.end(session_key, time.time())
+        if holding is not None:
+            self.release_soon([holding])
 
     def release_soon(self, holdings: Iterable[Holding]) -> None:
         for holding in holdings:
@@ -125,12 +145,7 @@ class HoldingKeeper:
         request_ids = holding.request_ids()
         if not self._releases_enabled or not request_ids:
             return False
-        body = {
-            "model": holding.model,
-            "prompt": ".",
-            "max_tokens": 1,
-            "kv_transfer_params": {"agentkv_release": request_ids},
-        }
+        body = wire.release_body(holding.model, request_ids)
         try:
             async with self._http.post(
                 f"{holding.decode_url}/v1/completions", json=body, timeout=self._release_timeout

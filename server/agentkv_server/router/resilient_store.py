@@ -56,14 +56,14 @@ class ResilientStore:
         """False while the router goes on without the store after a failure."""
         return self._down_until is None or self._clock() >= self._down_until
 
-    async def take(self, session_id: str) -> Holding | None:
-        return await self._call("take", lambda: self.inner.take(session_id), None)
+    async def take(self, session_key: str) -> Holding | None:
+        return await self._call("take", lambda: self.inner.take(session_key), None)
 
     async def offer(self, holding: Holding) -> list[Holding]:
         return await self._call("offer", lambda: self.inner.offer(holding), [holding])
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
-        return await self._call("end", lambda: self.inner.end(session_id, at), None)
+    async def end(self, session_key: str, at: float) -> Holding | None:
+        return await self._call("end", lambda: self.inner.end(session_key, at), None)
 
     async def add_ticket(self, ticket: Ticket) -> None:
         await self._call("add_ticket", lambda: self.inner.add_ticket(ticket), None)

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
 from agentkv_server.router.placement import Engine
+from agentkv_server.router.turn import STUCK, UNREACHABLE, ErrorKind
 
 __all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
 
@@ -49,12 +49,12 @@ class EngineFailure(Exception):
 
     @property
     def engine_unreachable(self) -> bool:
-        return self.kind in ("connect", "timeout", "hang")
+        return self.kind in UNREACHABLE
 
     @property
     def engine_stuck(self) -> bool:
         """The engine answered nothing in time, or made no progress."""
-        return self.kind in ("timeout", "hang", "stall")
+        return self.kind in STUCK
 
 
 async def post_json(

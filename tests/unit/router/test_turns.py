@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing.harness import conversation
+from agentkv_server.wire import cold_prefill_params
 
 
 async def test_cold_turn_runs_prefill_then_decode_and_records_a_holding(make_router):
@@ -25,7 +25,7 @@ async def test_cold_turn_runs_prefill_then_decode_and_records_a_holding(make_rou
 
     (prefill,) = router.prefill[0].completions()
     assert prefill.body["max_tokens"] == 1 and prefill.body["stream"] is False
-    assert prefill.kv_params == COLD_PREFILL_PARAMS
+    assert prefill.kv_params == cold_prefill_params()
     (decode,) = router.decode[0].completions()
     assert decode.kv_params["remote_engine_id"] == router.prefill[0].engine_id
     assert decode.kv_params["agentkv_retention_seconds"] == 120.0  # no hint: the default
@@ -234,7 +234,7 @@ async def test_tiny_history_is_recomputed_and_its_holding_released(make_router):
     await router.state.keeper.drain()
 
     assert response.headers["x-agentkv-kv-path"] == "recompute"
-    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert router.prefill[0].completions()[-1].kv_params == cold_prefill_params()
     assert held_id in router.decode[0].released
 
 
