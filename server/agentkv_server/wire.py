@@ -23,12 +23,14 @@ __all__ = [
     "ENV_PREFIX",
     "EXPIRES_AT",
     "EXPIRES_IN_SECONDS",
+    "EXTRA_DEAD_PEER_SECONDS",
     "EXTRA_DEMOTE_TRANSFER_THREADS",
     "EXTRA_IDLE_GRACE_MS",
     "EXTRA_IDLE_MAX_WAIT_MS",
     "EXTRA_IDLE_SLEEP_MS",
     "EXTRA_MAX_RETENTION_SECONDS",
     "EXTRA_NIXL_PROGRESS_DELAY_US",
+    "EXTRA_PEER_PROBE_MS",
     "EXTRA_PULL_TIMEOUT_SECONDS",
     "EXTRA_REPORT_QUEUE_SIZE",
     "EXTRA_REPORT_TIMEOUT_SECONDS",
@@ -104,6 +106,8 @@ EXTRA_MAX_RETENTION_SECONDS: Final = "agentkv_max_retention_seconds"
 EXTRA_REPORT_QUEUE_SIZE: Final = "agentkv_report_queue_size"
 EXTRA_REPORT_TIMEOUT_SECONDS: Final = "agentkv_report_timeout_seconds"
 EXTRA_PULL_TIMEOUT_SECONDS: Final = "agentkv_pull_timeout_seconds"
+EXTRA_DEAD_PEER_SECONDS: Final = "agentkv_dead_peer_seconds"
+EXTRA_PEER_PROBE_MS: Final = "agentkv_peer_probe_ms"
 EXTRA_NIXL_PROGRESS_DELAY_US: Final = "agentkv_nixl_progress_delay_us"
 EXTRA_DEMOTE_TRANSFER_THREADS: Final = "agentkv_demote_transfer_threads"
 EXTRA_IDLE_GRACE_MS: Final = "agentkv_idle_grace_ms"

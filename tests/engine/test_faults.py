@@ -320,10 +320,16 @@ async def test_decode_engine_killed_between_turns(
 ) -> None:
     """One kill, two sessions: for one the killed engine held its KV, for the other it was the
     non-holder. Neither waits on the dead engine: its holder is found dead before a pull is
-    planned, and the other session goes on pulling from the surviving engine."""
+    planned, and the other session goes on pulling from the surviving engine.
+
+    Right after the kill, P is also asked to pull the dead holder's KV directly, as a router
+    that planned the turn a moment before the kill would: P's connector fails the pull and P
+    computes the prefix itself, in about a cold step (before, the request stayed parked on P).
+    """
     doomed, survivor = second_decode, stack.decode[0]
     holder_tally, bystander_tally = Tally("decode_holder_killed"), Tally("decode_non_holder_killed")
-    TALLIES.extend([holder_tally, bystander_tally])
+    dead_pull_tally = Tally("pull_planned_from_killed_holder")
+    TALLIES.extend([holder_tally, bystander_tally, dead_pull_tally])
     held = Conversation(probe, holder_tally, seed=100)
     bystander = Conversation(probe, bystander_tally, seed=700)
     store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
@@ -332,12 +338,16 @@ async def test_decode_engine_killed_between_turns(
             for _ in range(2):  # the second pulls from the engine: P is connected to it
                 await conversation.turn(client)
     doomed.kill()
+    await pull_from_dead_holder(probe, store, held, dead_pull_tally)
     async with serve(one_p_two_d(stack, doomed), store) as (_, client):
         for _ in range(2):
             await held.turn(client)
             await bystander.turn(client)
         metrics = (await client.get("/metrics")).text
 
+    assert dead_pull_tally.all_good(1)
+    assert dead_pull_tally.pulled[0] > 0  # P planned the pull from the dead holder
+    assert dead_pull_tally.seconds[0] <= fault_cost_bound(holder_tally)
     assert holder_tally.all_good(4) and bystander_tally.all_good(4)
     assert holder_tally.paths == ["recompute", "reuse", "fallback", "reuse"]
     assert bystander_tally.paths == ["recompute", "reuse", "reuse", "reuse"]
@@ -346,3 +356,21 @@ async def test_decode_engine_killed_between_turns(
     assert holder_tally.seconds[2] <= fault_cost_bound(holder_tally)
     assert bystander_tally.seconds[2] <= fault_cost_bound(bystander_tally)
     assert_serving(stack.prefill[0], survivor)
+
+
+async def pull_from_dead_holder(
+    probe: KVProbe, store: InMemoryStore, conversation: Conversation, tally: Tally
+) -> None:
+    """P's step for the conversation's next turn, pulling its holding (left in the store)."""
+    holding = await store.take(conversation.session)
+    assert holding is not None
+    await store.offer(holding)
+    tally.sent += 1
+    step = await asyncio.to_thread(probe.prefill, conversation.prompt, holding.params)
+    tally.succeeded += 1
+    tally.seconds.append(step.seconds)
+    tally.paths.append("P pulls from the dead holder")
+    tally.pulled.append(step.pulled_tokens)
+    wanted = await asyncio.to_thread(probe.recomputed_logprobs, conversation.prompt)
+    if logprob_gap(step.top_logprobs, wanted) < LOGPROB_TOLERANCE:
+        tally.correct += 1

@@ -12,7 +12,8 @@ A request carrying ``agentkv_release`` frees the named retained requests' blocks
 
 On a prefill engine (P) pulling a holding, only the longest prefix that its prompt really
 shares with the held tokens is loaded: the matched-token count and the remote block list are
-clipped to it before upstream's logic runs. A holding about to expire is not pulled at all.
+clipped to it before upstream's logic runs. A holding about to expire is not pulled at all, and
+a request is pulled for at most once: one whose pull failed computes its prefix.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ logger = get_logger(__name__)
 
 # Marks params whose pull was already checked (the scheduler may ask more than once).
 _VERIFIED = "_agentkv_prefix_verified"
+# Upstream's mark on params whose pull ``update_state_after_alloc`` has planned.
+_PULL_PLANNED = "_remote_blocks_processed"
 # Holdings this close to expiry are not pulled: the same slack upstream's worker leaves for
 # clock error and read latency before it declines a read.
 EXPIRY_MARGIN_SECONDS = 5.0
@@ -97,17 +100,28 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
+        """What P may load from the holding: its verified prefix, and only on the first ask.
+
+        A request asks again when it is scheduled afresh: after its pull failed (the
+        scheduler's ``recompute`` policy resets it) or after a preemption. Upstream answers
+        with the same asynchronous load each time, but it plans a load only once per request,
+        so the scheduler would park the request in ``WAITING_FOR_REMOTE_KVS`` for a load that
+        never starts (docs/connector.md, "A pull that failed"). Its prefix is computed instead.
+        """
         params = request.kv_transfer_params
-        if _pulls_holding(params) and not params.get(_VERIFIED):
-            params[_VERIFIED] = True
-            self._clip_to_loadable(request, params)
+        if _pulls_holding(params):
+            if params.get(_PULL_PLANNED):
+                return 0, False
+            if not params.get(_VERIFIED):
+                params[_VERIFIED] = True
+                self._clip_to_loadable(request, params)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         params = request.kv_transfer_params
-        if _pulls_holding(params) and not params.get("_remote_blocks_processed"):
+        if _pulls_holding(params) and not params.get(_PULL_PLANNED):
             loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)

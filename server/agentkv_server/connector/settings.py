@@ -27,12 +27,15 @@ class ConnectorSettings:
 
     ``default_retention_seconds`` applies when a request names no retention; requests may ask
     for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` bounds how long
-    a prefill engine waits for one pull before it recomputes instead. An engine with nothing
-    to compute for ``idle_grace_seconds`` waits ``idle_sleep_seconds`` per step, growing up
-    to ``idle_max_wait_seconds`` while new requests can end the wait (``idle.py``; a sleep of
-    0 turns that off). NIXL's progress thread sleeps up to ``nixl_progress_delay_us`` between
-    UCX events (``progress.py``; 0 is NIXL's own busy poll); ``demote_transfer_threads`` moves
-    the threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``).
+    a prefill engine waits for one pull (handshake and read) before it recomputes instead; a peer
+    whose transfer failed gets no handshake, read or heartbeat for ``dead_peer_seconds``; the
+    handshake listener of each peer a read is waiting on is probed every ``peer_probe_seconds``
+    (``peers.py``; 0 turns that off). An engine with nothing to compute for
+    ``idle_grace_seconds`` waits ``idle_sleep_seconds`` per step, growing up to
+    ``idle_max_wait_seconds`` while new requests can end the wait (``idle.py``; a sleep of 0
+    turns that off). NIXL's progress thread sleeps up to ``nixl_progress_delay_us`` between UCX
+    events (``progress.py``; 0 is NIXL's own busy poll); ``demote_transfer_threads`` moves the
+    threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``).
     """
 
     default_retention_seconds: float = DEFAULT_RETENTION_SECONDS
@@ -42,6 +45,8 @@ class ConnectorSettings:
     report_queue_size: int = 1024
     report_timeout_seconds: float = 2.0
     pull_timeout_seconds: float = 30.0
+    dead_peer_seconds: float = 10.0
+    peer_probe_seconds: float = 1.0
     nixl_progress_delay_us: int = 10_000
     demote_transfer_threads: bool = True
     idle_grace_seconds: float = 0.1
@@ -56,6 +61,8 @@ class ConnectorSettings:
             "idle_sleep_seconds",
             "idle_max_wait_seconds",
             "nixl_progress_delay_us",
+            "dead_peer_seconds",
+            "peer_probe_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -88,6 +95,8 @@ class ConnectorSettings:
             report_queue_size=int(extra.get(wire.EXTRA_REPORT_QUEUE_SIZE, 1024)),
             report_timeout_seconds=float(extra.get(wire.EXTRA_REPORT_TIMEOUT_SECONDS, 2.0)),
             pull_timeout_seconds=float(extra.get(wire.EXTRA_PULL_TIMEOUT_SECONDS, 30.0)),
+            dead_peer_seconds=float(extra.get(wire.EXTRA_DEAD_PEER_SECONDS, 10.0)),
+            peer_probe_seconds=float(extra.get(wire.EXTRA_PEER_PROBE_MS, 1000.0)) / 1000,
             nixl_progress_delay_us=int(extra.get(wire.EXTRA_NIXL_PROGRESS_DELAY_US, 10_000)),
             demote_transfer_threads=bool(extra.get(wire.EXTRA_DEMOTE_TRANSFER_THREADS, True)),
             idle_grace_seconds=float(extra.get(wire.EXTRA_IDLE_GRACE_MS, 100.0)) / 1000,

@@ -1,6 +1,6 @@
 """Worker half of ``AgentKVConnector``: NixlConnector's pull worker, made safe on CPU engines.
 
-Four changes to upstream:
+Five changes to upstream:
 
 * **Thread affinity.** On the CPU platform ``NixlBaseConnectorWorker.__init__`` calls
   ``os.sched_setaffinity(0, last_core_of_each_numa_node)`` to keep KV transfers off the cores
@@ -16,15 +16,22 @@ Four changes to upstream:
 * **Polling threads demoted.** The native threads upstream's constructor starts are moved to
   ``SCHED_IDLE`` (``demote_transfer_threads``), so they use only cores that forward passes
   leave idle.
-* **Pull deadline.** A read that is still in flight after ``pull_timeout_seconds`` is aborted
-  and reported as a failed load, which the scheduler turns into a recompute
+* **Pull deadline.** A pull still in its handshake or read after ``pull_timeout_seconds`` is
+  abandoned and reported as a failed load, which the scheduler turns into a recompute
   (``kv_load_failure_policy="recompute"``), so no request waits forever on a peer.
+* **Dead peers.** A read that ends in an error (NIXL_ERR_REMOTE_DISCONNECT from a killed holder)
+  fails its request at once, drops its handle even when NIXL will not release it, fails every
+  other pull from that engine, and quarantines the engine for ``dead_peer_seconds``; so does a
+  read that NIXL refuses to post (``transfer()`` raises it for a holder already dead). No
+  handshake, read or heartbeat goes to it meanwhile. A peer a read waits on is probed off the
+  worker thread (``peers.py``): a refused connection counts as that error (docs/connector.md,
+  "Dead peers").
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
@@ -35,6 +42,7 @@ from agentkv_server.connector.affinity import (
 )
 from agentkv_server.connector.deadlines import Deadlines
 from agentkv_server.connector.log import get_logger
+from agentkv_server.connector.peers import PeerProbe
 from agentkv_server.connector.progress import nixl_progress_delay
 from agentkv_server.connector.settings import ConnectorSettings
 
@@ -42,11 +50,18 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import ReqMeta
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 __all__ = ["AgentKVWorker"]
 
 logger = get_logger(__name__)
+
+# How long an abandoned pull's id is remembered: longer than any handshake can still complete
+# (upstream's 5 s ZMQ timeout per remote rank).
+_ABANDONED_MEMORY_SECONDS = 600.0
+# A live listener on this machine or its network answers a connect in well under this.
+_PEER_PROBE_TIMEOUT_SECONDS = 0.5
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
@@ -71,46 +86,166 @@ class AgentKVWorker(NixlPullConnectorWorker):
             logger.info("Demoted %d NIXL thread(s) to SCHED_IDLE: %s", len(demoted), demoted)
         self._pull_deadlines = Deadlines()
         self._pull_timeout = settings.pull_timeout_seconds
+        self._abandoned = Deadlines()
+        self._quarantine = Deadlines()
+        self._dead_peer_seconds = settings.dead_peer_seconds
+        self._peer_probe = (
+            PeerProbe(timeout=_PEER_PROBE_TIMEOUT_SECONDS, interval=settings.peer_probe_seconds)
+            if settings.peer_probe_seconds > 0
+            else None
+        )
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
-        deadline = time.monotonic() + self._pull_timeout
+        now = time.monotonic()
+        self._quarantine.pop_overdue(now)
+        deadline = now + self._pull_timeout
         for req_id in metadata.reqs_to_recv:
             self._pull_deadlines.set(req_id, deadline)
+        for engine_id in [e for e in metadata.heartbeat_by_engine if e in self._quarantine]:
+            del metadata.heartbeat_by_engine[engine_id]  # no handshake to a dead peer
         super().start_load_kv(metadata)
 
+    def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
+        """Post a pull's reads, unless it was abandoned or its peer is quarantined.
+
+        Upstream calls this for new pulls and again when a pull's handshake completes; a pull
+        abandoned meanwhile must post nothing, its blocks are no longer its own.
+        """
+        if req_id in self._abandoned:
+            self._abandoned.discard(req_id)
+            return
+        assert meta.remote is not None
+        if meta.remote.engine_id in self._quarantine:
+            logger.warning(
+                "Not pulling request %s from engine %s, whose last transfer failed: "
+                "the request recomputes its prefix instead.",
+                req_id,
+                meta.remote.engine_id,
+            )
+            self._handle_failed_transfer(
+                req_id, None, self._recv_failures, record_failed_transfer=False
+            )
+            return
+        super()._read_blocks_for_req(req_id, meta)
+
+    def _read_blocks(self, **read: Any) -> bool:
+        """Upstream's post of one read; one it could not post quarantines the peer at once.
+
+        Upstream has already failed the request (it recomputes); without the quarantine, the
+        peer's other pulls would each wait for their own read to fail or for the next probe.
+        """
+        posted = super()._read_blocks(**read)
+        if not posted:
+            self._quarantine_peer(read["dst_engine_id"])
+        return posted
+
     def get_transfer_results(self) -> KVConnectorTransferResults:
+        now = time.monotonic()
+        self._abandoned.pop_overdue(now)
+        self._probe_read_peers(now)
         self._abort_overdue_pulls()
         results = super().get_transfer_results()
         for req_id in results.finished_recving:
             self._pull_deadlines.discard(req_id)
         return results
 
-    def _abort_overdue_pulls(self) -> None:
-        """Fail reads that outlived their deadline so their requests recompute.
+    def shutdown(self) -> None:
+        probe = getattr(self, "_peer_probe", None)  # absent when the constructor failed
+        if probe is not None:
+            probe.shutdown()
+        super().shutdown()
 
-        Only requests with posted reads are aborted: a pull still in its handshake is bounded
-        by upstream's handshake timeout, and failing it here would let the handshake's late
-        completion post reads into blocks the request no longer owns.
+    def _probe_read_peers(self, now: float) -> None:
+        """Quarantine peers whose handshake listener is gone; probe those reads wait on."""
+        if self._peer_probe is None:
+            return
+        for engine_id in self._peer_probe.dead():
+            logger.warning("Engine %s refuses connections: its process is gone.", engine_id)
+            self._quarantine_peer(engine_id)
+        for req_id in self._recving_transfers:
+            meta = self._recving_metadata.get(req_id)
+            remote = None if meta is None else meta.remote
+            if remote is not None and remote.engine_id not in self._quarantine:
+                self._peer_probe.probe(remote.engine_id, remote.host, remote.port, now)
+
+    def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
+        """Upstream's poll; a failed read also fails every other pull from the same engine."""
+        done, failed = super()._pop_done_transfers(transfers)
+        self._recv_failures.update(failed)
+        for engine_id in {self._remote_engine_of(req_id) for req_id in failed} - {None}:
+            self._quarantine_peer(engine_id)
+        return done, failed
+
+    def _try_release_xfer_handle(self, req_id: str, handle: int) -> bool:
+        """Release a handle; drop it anyway once its transfer has ended.
+
+        Upstream keeps a handle NIXL would not release, and with it the request parked and its
+        blocks held, because a transfer that is still running can write into them. A transfer
+        in a terminal state (ERR, or a state check that raises, as NIXL_ERR_REMOTE_DISCONNECT
+        does) cannot: UCX has failed it, and in a READ every byte that lands in our blocks comes
+        from the peer, which is gone. The dropped handle is left to NIXL's own finalizer.
         """
+        running = self._transfer_running(handle)  # NIXL's state, before release overwrites it
+        if super()._try_release_xfer_handle(req_id, handle):
+            return True
+        if running:
+            return False
+        logger.warning(
+            "Dropping the ended transfer of request %s that NIXL did not release.", req_id
+        )
+        return True
+
+    def _transfer_running(self, handle: int) -> bool:
+        try:
+            return self.nixl_wrapper.check_xfer_state(handle) == "PROC"
+        except Exception:  # noqa: BLE001 - NIXL raises one class per error status; all end it
+            return False
+
+    def _remote_engine_of(self, req_id: str) -> str | None:
+        meta = self._recving_metadata.get(req_id)
+        return None if meta is None or meta.remote is None else meta.remote.engine_id
+
+    def _quarantine_peer(self, engine_id: str) -> None:
+        """Fail every pull from ``engine_id`` now and send it nothing for a while.
+
+        Upstream's invalid-peer path then releases the engine's NIXL state once its reads
+        drain, so a restarted engine (same engine id, new agent) is handshaken afresh.
+        """
+        now = time.monotonic()
+        self._quarantine.discard(engine_id)
+        self._quarantine.set(engine_id, now + self._dead_peer_seconds)
+        if engine_id in self._remote_agents:
+            self._mark_remote_engine_invalid(engine_id, time.perf_counter())
+        for req_id in list(self._recving_metadata):
+            if self._remote_engine_of(req_id) == engine_id and req_id not in self._recv_failures:
+                self._abandon_pull(req_id, "its peer's transfer failed")
+
+    def _abort_overdue_pulls(self) -> None:
+        """Abandon pulls, in handshake or read, that outlived their deadline."""
         for req_id in self._pull_deadlines.pop_overdue(time.monotonic()):
-            handles = self._recving_transfers.get(req_id)
-            if req_id not in self._recving_metadata or handles is None:
-                continue
-            logger.warning(
-                "KV pull for request %s still in flight after %.0f s: aborting it, "
-                "the request recomputes its prefix instead.",
-                req_id,
-                self._pull_timeout,
+            if req_id in self._recving_metadata and req_id not in self._recv_failures:
+                self._abandon_pull(req_id, f"still in flight after {self._pull_timeout:.0f} s")
+
+    def _abandon_pull(self, req_id: str, why: str) -> None:
+        """Report a pull as a failed load (the request recomputes) and stop its transfer.
+
+        Each posted read is released (aborted); one NIXL reports still running keeps its
+        handle, and the request its blocks, until it really stops. A pull still in its
+        handshake is marked abandoned, so the handshake's late completion posts nothing.
+        """
+        logger.warning("Abandoning the KV pull of request %s (%s): it recomputes.", req_id, why)
+        handles = self._recving_transfers.pop(req_id, None)
+        if handles is None:
+            self._abandoned.set(req_id, time.monotonic() + _ABANDONED_MEMORY_SECONDS)
+            self._handle_failed_transfer(
+                req_id, None, self._recv_failures, record_failed_transfer=False
             )
-            # Upstream releases (aborts) each handle and keeps the ones the backend could
-            # not release, with their blocks, until the transfer really stops.
-            kept = [
-                handle
-                for handle in handles
-                if not self._handle_failed_transfer(req_id, handle, self._recv_failures)
-            ]
-            self._recv_failures.add(req_id)
-            if kept:
-                self._recving_transfers[req_id] = kept
-            else:
-                del self._recving_transfers[req_id]
+            return
+        kept = [
+            handle
+            for handle in handles
+            if not self._handle_failed_transfer(req_id, handle, self._recv_failures)
+        ]
+        self._recv_failures.add(req_id)
+        if kept:
+            self._recving_transfers[req_id] = kept

@@ -1,4 +1,4 @@
-"""The pull deadline: an overdue read is aborted through upstream's failure path.
+"""Bounded pulls and dead peers: overdue pulls and failed reads end in a recompute at once.
 
 The worker is built bare (no NIXL agent, no engine) with just the state upstream's failure
 path touches, so these tests also pin the upstream names the override relies on.
@@ -6,6 +6,8 @@ path touches, so these tests also pin the upstream names the override relies on.
 
 from __future__ import annotations
 
+import inspect
+import time
 from types import SimpleNamespace
 from unittest import mock
 
@@ -13,19 +15,34 @@ import pytest
 
 pytest.importorskip("vllm", reason="the worker half subclasses vLLM's NIXL worker")
 
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
+
 from agentkv_server.connector.deadlines import Deadlines
 from agentkv_server.connector.worker import AgentKVWorker
 
 
 class FakeNixl:
-    def __init__(self, refuse: set[int] = frozenset()) -> None:
+    """NIXL's wrapper as the worker sees it: per-handle states, releases that may refuse."""
+
+    def __init__(self, refuse: set[int] = frozenset(), states: dict[int, str] | None = None):
         self.released: list[int] = []
         self.refuse = refuse
+        self.states = states or {}
+
+    def check_xfer_state(self, handle: int) -> str:
+        state = self.states.get(handle, "PROC")
+        if state == "DISCONNECT":
+            raise RemoteDisconnect("NIXL_ERR_REMOTE_DISCONNECT")
+        return state
 
     def release_xfer_handle(self, handle: int) -> None:
         if handle in self.refuse:
             raise RuntimeError("backend busy")
         self.released.append(handle)
+
+
+class RemoteDisconnect(Exception):
+    """Stands in for nixl's ``nixlRemoteDisconnectError``."""
 
 
 def bare_worker(nixl: FakeNixl) -> AgentKVWorker:
@@ -35,19 +52,36 @@ def bare_worker(nixl: FakeNixl) -> AgentKVWorker:
     worker.xfer_stats = mock.Mock()
     worker._pull_deadlines = Deadlines()
     worker._pull_timeout = 30.0
+    worker._abandoned = Deadlines()
+    worker._quarantine = Deadlines()
+    worker._dead_peer_seconds = 10.0
+    worker._peer_probe = None
     worker._recving_transfers = {}
     worker._recving_metadata = {}
     worker._recv_failures = set()
     worker._failed_remote_engines = set()
+    worker._invalid_remote_engines = set()
+    worker._invalid_engine_backoff = {}
+    worker._remote_agents = {"decode": {(0, 0): "agent-d"}}
     return worker
 
 
-def pulling(worker: AgentKVWorker, req_id: str, handles: list[int], deadline: float) -> None:
-    remote = SimpleNamespace(engine_id="decode", request_id="d-" + req_id, host="h", port=1,
+def pulling(
+    worker: AgentKVWorker,
+    req_id: str,
+    handles: list[int] | None,
+    deadline: float = float("inf"),
+    engine: str = "decode",
+) -> SimpleNamespace:
+    """Register a pull from ``engine``; ``handles=None`` is a pull still in its handshake."""
+    remote = SimpleNamespace(engine_id=engine, request_id="d-" + req_id, host="h", port=1,
                              block_ids=([1, 2],))  # fmt: skip
-    worker._recving_metadata[req_id] = SimpleNamespace(local_block_ids=([3, 4],), remote=remote)
-    worker._recving_transfers[req_id] = handles
+    meta = SimpleNamespace(local_block_ids=([3, 4],), remote=remote)
+    worker._recving_metadata[req_id] = meta
+    if handles is not None:
+        worker._recving_transfers[req_id] = handles
     worker._pull_deadlines.set(req_id, deadline)
+    return meta
 
 
 def test_overdue_read_is_aborted_and_marked_failed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,8 +99,8 @@ def test_overdue_read_is_aborted_and_marked_failed(monkeypatch: pytest.MonkeyPat
     assert "fresh" in worker._pull_deadlines
 
 
-def test_handles_the_backend_cannot_release_are_kept_with_their_blocks() -> None:
-    nixl = FakeNixl(refuse={12})
+def test_handles_the_backend_cannot_release_are_kept_while_running() -> None:
+    nixl = FakeNixl(refuse={12})  # 12 still PROC: it can still write into the blocks
     worker = bare_worker(nixl)
     pulling(worker, "late", [11, 12], deadline=0.0)
 
@@ -77,13 +111,148 @@ def test_handles_the_backend_cannot_release_are_kept_with_their_blocks() -> None
     assert worker._recv_failures == {"late"}
 
 
-def test_pull_still_in_handshake_is_left_to_upstreams_timeout() -> None:
-    nixl = FakeNixl()
+@pytest.mark.parametrize("state", ["ERR", "DISCONNECT"])
+def test_an_ended_transfer_nixl_will_not_release_is_dropped(state: str) -> None:
+    nixl = FakeNixl(refuse={12}, states={12: state})
     worker = bare_worker(nixl)
-    pulling(worker, "handshaking", [], deadline=0.0)
-    del worker._recving_transfers["handshaking"]  # no read posted yet
+    pulling(worker, "late", [11, 12], deadline=0.0)
 
     worker._abort_overdue_pulls()
 
-    assert worker._recv_failures == set()
+    assert nixl.released == [11]
+    assert "late" not in worker._recving_transfers  # reported failed on this very step
+    assert worker._recv_failures == {"late"}
+
+
+def test_remote_disconnect_fails_every_pull_from_that_engine_at_once() -> None:
+    # Upstream's own poll sees the error; the release of the errored handle is refused.
+    nixl = FakeNixl(refuse={1}, states={1: "DISCONNECT", 2: "PROC"})
+    worker = bare_worker(nixl)
+    worker._remote_agents["other"] = {(0, 0): "agent-o"}
+    pulling(worker, "hit", [1])
+    pulling(worker, "sibling", [2])
+    pulling(worker, "handshaking", None)
+    pulling(worker, "elsewhere", [3], engine="other")
+
+    done, failed = worker._pop_done_transfers(worker._recving_transfers)
+
+    assert done == {"hit"} and failed == {"hit"}  # no handle left: reported now
+    assert nixl.released == [2]  # the sibling's read is aborted
+    assert worker._recv_failures == {"hit", "sibling", "handshaking"}
+    assert "sibling" not in worker._recving_transfers
+    assert "handshaking" in worker._abandoned
+    assert worker._recving_transfers == {"elsewhere": [3]}
+    assert "decode" in worker._quarantine and "other" not in worker._quarantine
+    assert "decode" in worker._invalid_remote_engines  # upstream re-handshakes it later
+
+
+def test_a_read_nixl_refuses_to_post_quarantines_its_peer_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused_post(self: AgentKVWorker, **read: object) -> bool:
+        # Upstream's contract: transfer() raised, the request is already reported failed.
+        self._handle_failed_transfer(read["request_id"], None, self._recv_failures)
+        return False
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks", refused_post)
+    worker = bare_worker(FakeNixl())
+    pulling(worker, "refused", [])
+    pulling(worker, "sibling", None)
+    pulling(worker, "elsewhere", None, engine="other")
+
+    posted = worker._read_blocks(request_id="refused", dst_engine_id="decode")
+
+    assert not posted
+    assert "decode" in worker._quarantine and "other" not in worker._quarantine
+    assert worker._recv_failures == {"refused", "sibling"}  # the sibling recomputes too
+    assert "decode" in worker._invalid_remote_engines
+
+
+def test_upstream_posts_reads_with_the_arguments_the_override_reads() -> None:
+    parameters = inspect.signature(NixlPullConnectorWorker._read_blocks).parameters
+    assert {"request_id", "dst_engine_id"} <= parameters.keys()
+
+
+def test_a_quarantined_peer_gets_no_handshake_or_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream_read = mock.Mock()
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks_for_req", upstream_read)
+    worker = bare_worker(FakeNixl())
+    worker._quarantine.set("decode", deadline=float("inf"))
+    to_dead = pulling(worker, "to-dead", None)
+    to_live = pulling(worker, "to-live", None, engine="other")
+
+    worker._read_blocks_for_req("to-dead", to_dead)
+    worker._read_blocks_for_req("to-live", to_live)
+
+    upstream_read.assert_called_once_with("to-live", to_live)
+    assert worker._recv_failures == {"to-dead"}  # fails on this step: recompute
+
+
+def test_heartbeats_skip_a_quarantined_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream_start = mock.Mock()
+    monkeypatch.setattr(NixlPullConnectorWorker, "start_load_kv", upstream_start)
+    worker = bare_worker(FakeNixl())
+    worker._quarantine.set("decode", deadline=float("inf"))
+    metadata = SimpleNamespace(reqs_to_recv={}, heartbeat_by_engine={"decode": 1, "other": 2})
+
+    worker.start_load_kv(metadata)
+
+    assert metadata.heartbeat_by_engine == {"other": 2}
+    upstream_start.assert_called_once_with(metadata)
+
+
+def test_quarantine_ends_after_dead_peer_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NixlPullConnectorWorker, "start_load_kv", mock.Mock())
+    worker = bare_worker(FakeNixl())
+    worker._quarantine.set("decode", deadline=time.monotonic() - 1)
+    metadata = SimpleNamespace(reqs_to_recv={}, heartbeat_by_engine={"decode": 1})
+
+    worker.start_load_kv(metadata)
+
+    assert "decode" not in worker._quarantine
+    assert metadata.heartbeat_by_engine == {"decode": 1}
+
+
+def test_overdue_handshake_is_abandoned_and_its_late_completion_posts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    upstream_read = mock.Mock()
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks_for_req", upstream_read)
+    nixl = FakeNixl()
+    worker = bare_worker(nixl)
+    meta = pulling(worker, "handshaking", None, deadline=0.0)
+
+    worker._abort_overdue_pulls()
+    worker._read_blocks_for_req("handshaking", meta)  # the handshake completes late
+
+    assert worker._recv_failures == {"handshaking"}
+    upstream_read.assert_not_called()
     assert nixl.released == []
+
+
+def test_a_peer_whose_listener_is_gone_fails_its_reads_at_once() -> None:
+    nixl = FakeNixl()  # every read still PROC: UCX has not noticed the peer's death
+    worker = bare_worker(nixl)
+    worker._peer_probe = FakeProbe(dead=["decode"])
+    pulling(worker, "stuck", [7])
+    pulling(worker, "elsewhere", [8], engine="other")
+
+    worker._probe_read_peers(now=0.0)
+
+    assert nixl.released == [7]
+    assert worker._recv_failures == {"stuck"}
+    assert "decode" in worker._quarantine
+    assert worker._peer_probe.probed == [("other", "h", 1)]  # the quarantined one is failed
+
+
+class FakeProbe:
+    def __init__(self, dead: list[str]) -> None:
+        self._dead = dead
+        self.probed: list[tuple[str, str, int]] = []
+
+    def dead(self) -> list[str]:
+        dead, self._dead = self._dead, []
+        return dead
+
+    def probe(self, peer: str, host: str, port: int, now: float) -> None:
+        self.probed.append((peer, host, port))
