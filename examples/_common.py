@@ -79,7 +79,8 @@ TASK = Task(file="trip.txt", country="Japan", a=120, b=45)
 PROMPT = TASK.prompt
 # One worked example of the whole task, with names and numbers the task never uses (Peru is in
 # no table, plan.txt in no folder): the model copies the call format and where arguments come
-# from. With "4 plus 5" here it called add(4, 5) whatever the user asked (docs/integrations.md).
+# from. The user gives the numbers: SmolLM2-135M copies numbers from the request, but not out of
+# a tool result, where it wrote the worked example's instead (docs/integrations.md).
 SYSTEM = (
     "You are a helpful assistant with tools. Call one tool at a time, with arguments taken "
     "from the user's request and the tool results. Example:\n"

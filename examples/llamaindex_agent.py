@@ -110,7 +110,9 @@ class TaskAgent(Workflow):
         if last:
             options = {"tool_choice": "none", "response_format": ANSWER_FORMAT}
         else:
-            options = {"tool_choice": {"type": "function", "function": {"name": tool_for_turn(turn)}}}
+            options = {
+                "tool_choice": {"type": "function", "function": {"name": tool_for_turn(turn)}}
+            }
         response = await self.llm.achat_with_tools(
             TOOLS, chat_history=self.history, strict=True, **options
         )

@@ -163,7 +163,9 @@ def measure(base_url: str, model: str | None, count: int, conditions: list[str])
     schemas = {"bounded": TOOL_SPECS, "plain": plain_specs()}
     systems = {"few-shot": SYSTEM, "plain": PLAIN_SYSTEM}
     print(f"model {model}, {count} variants per row, greedy, max_tokens {MAX_TOKENS}")
-    print(f"{'condition':<22}{'calls':>6}  parsed  right tool  right args  runaway   right args by step")
+    print(
+        f"{'condition':<22}{'calls':>6}  parsed  right tool  right args  runaway   right args by step"
+    )
     for name in conditions:
         choice, schema_name, system_name = CONDITIONS[name]
         tools, system = schemas[schema_name], systems[system_name]

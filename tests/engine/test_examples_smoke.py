@@ -49,7 +49,8 @@ def run_example(
 
 
 @pytest.mark.parametrize(
-    "example", ["tool_loop.py", "langchain_agent.py", "llamaindex_agent.py", "openai_agents_agent.py"]
+    "example",
+    ["tool_loop.py", "langchain_agent.py", "llamaindex_agent.py", "openai_agents_agent.py"],
 )
 def test_example_runs_a_tool_loop_that_reuses_kv(real_stack: Stack, example: str) -> None:
     lines, tool_results, output = run_example(real_stack, example, turns=4)
