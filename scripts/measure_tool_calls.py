@@ -20,6 +20,10 @@ the right capital and total. Greedy decoding, so one run per variant says it all
     .venv/bin/python scripts/measure_tool_calls.py --base-url http://127.0.0.1:8000/v1
 
 Without ``--base-url`` it starts one engine of ``--model`` (default: the real default model).
+With ``--offline`` it starts none (no engine lock needed; slow, one call at a time): transformers
+decodes under the grammar vLLM would use (scripts/offline_chat.py).
+
+    .venv/bin/python scripts/measure_tool_calls.py --offline --conditions named,answer
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from _common import ANSWER_FORMAT, CAPITALS, FILE_NAMES, SYSTEM, TOOL_SPECS, Task
 
+from agentkv_server.bundle.model import resolve_model
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 PLAIN_SYSTEM = "You are a helpful assistant with tools."
@@ -157,9 +162,7 @@ def ask(
     return judge_call(step, reply)
 
 
-def measure(base_url: str, model: str | None, count: int, conditions: list[str]) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key="-", timeout=300)
-    model = model or client.models.list().data[0].id
+def measure(client: Any, model: str, count: int, conditions: list[str], threads: int) -> None:
     schemas = {"bounded": TOOL_SPECS, "plain": plain_specs()}
     systems = {"few-shot": SYSTEM, "plain": PLAIN_SYSTEM}
     print(f"model {model}, {count} variants per row, greedy, max_tokens {MAX_TOKENS}")
@@ -171,7 +174,7 @@ def measure(base_url: str, model: str | None, count: int, conditions: list[str])
         tools, system = schemas[schema_name], systems[system_name]
         every = [s for task in variants(count) for s in steps(system, task)]
         cases = [s for s in every if (choice == "none") == (not s.tool)]
-        with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             one = functools.partial(ask, client, model, choice=choice, tools=tools)
             outcomes = list(pool.map(one, cases))
         total, n = sum(outcomes, Counter()), len(cases)
@@ -192,6 +195,9 @@ def main() -> None:
     parser.add_argument("--model", help="model name or directory (default: the default model)")
     parser.add_argument("--variants", type=int, default=20)
     parser.add_argument(
+        "--offline", action="store_true", help="no engine: transformers under vLLM's grammar"
+    )
+    parser.add_argument(
         "--conditions", default=DEFAULT_CONDITIONS,
         help=f"comma-separated, of: {', '.join(CONDITIONS)} (default {DEFAULT_CONDITIONS})",
     )  # fmt: skip
@@ -199,6 +205,12 @@ def main() -> None:
     conditions = args.conditions.split(",")
     if unknown := sorted(set(conditions) - set(CONDITIONS)):
         parser.error(f"unknown conditions: {', '.join(unknown)}")
+    if args.offline:
+        from offline_chat import OfflineChat
+
+        model_dir, served_name = resolve_model(args.model, dtype="float32")
+        measure(OfflineChat(model_dir), served_name, args.variants, conditions, threads=1)
+        return
     with ExitStack() as stack:
         base_url = args.base_url
         if base_url is None:
@@ -211,7 +223,9 @@ def main() -> None:
             engine = stack.enter_context(Stack(config))
             base_url = f"{engine.endpoint}/v1"
             print(f"engine log: {engine.log_paths}", flush=True)
-        measure(base_url, args.model if args.base_url else None, args.variants, conditions)
+        client = openai.OpenAI(base_url=base_url, api_key="-", timeout=300)
+        model = (args.base_url and args.model) or client.models.list().data[0].id
+        measure(client, model, args.variants, conditions, threads=4)
 
 
 if __name__ == "__main__":
