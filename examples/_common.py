@@ -72,7 +72,11 @@ class Task:
 
     def answer(self) -> dict[str, Any]:
         """The right final answer, as ANSWER_FORMAT shapes it."""
-        return {"capital": CAPITALS[self.country], "total": self.a + self.b}
+        return {
+            "country": self.country,
+            "capital": CAPITALS[self.country],
+            "total": self.a + self.b,
+        }
 
 
 TASK = Task(file="trip.txt", country="Japan", a=120, b=45)
@@ -162,9 +166,12 @@ TOOL_SPECS = [
 
 
 # The answer turn: a structured output the model fills from the tool results. Free text after
-# three calls is a fourth call written out as text on this model (docs/integrations.md).
+# three calls is a fourth call written out as text on this model; a free capital string was
+# "Lasagna", a capital alone always the first one it liked; naming the country first, it picks
+# the capital that goes with it (docs/integrations.md).
 ANSWER_SCHEMA = _object(
-    capital={"type": "string", "pattern": "^[A-Z][a-z]{1,15}$"},
+    country={"type": "string", "enum": sorted(CAPITALS)},
+    capital={"type": "string", "enum": sorted(CAPITALS.values())},
     total={"type": "integer", "minimum": 0, "maximum": 9999},
 )
 ANSWER_FORMAT = {
@@ -177,7 +184,7 @@ def format_answer(content: str | None) -> str:
     """The answer turn's JSON as a sentence; any other text as it came."""
     try:
         answer = json.loads(content or "")
-        return f"the capital is {answer['capital']}, the total is {answer['total']}"
+        return f"the capital of {answer['country']} is {answer['capital']}, the total is {answer['total']}"
     except (ValueError, TypeError, KeyError):
         return (content or "").strip()
 

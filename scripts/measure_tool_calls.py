@@ -14,7 +14,7 @@ Per condition: *parsed*, a call came back; *right tool*, it was the step's tool;
 that tool with the step's arguments; *runaway*, the answer was cut at max_tokens. The row
 ``answer`` is the examples' last turn (``tool_choice: none`` and their structured answer
 format, after all three results): *parsed* when it is the answer's JSON, *right* when it holds
-the right capital and total. Greedy decoding, so one run per variant says it all.
+the right country, capital and total. Greedy decoding, so one run per variant says it all.
 
     flock /tmp/agentkv-engines.lock timeout 900 .venv/bin/python scripts/measure_tool_calls.py
     .venv/bin/python scripts/measure_tool_calls.py --base-url http://127.0.0.1:8000/v1

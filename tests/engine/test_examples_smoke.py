@@ -25,7 +25,7 @@ TURN_LINE = re.compile(r"^turn +(\d+)  ttft +[\d.]+ s  kv (reuse|recompute|fallb
 TOOL_LINE = re.compile(r"^  tool (\w+)\((.*)\) -> (.*)$")
 # examples/_common.py's TASK: trip.txt names Japan, the user adds 120 and 45.
 RIGHT_RESULTS = ["'Trip to Japan in May.'", "'Tokyo'", "'165'"]
-RIGHT_ANSWER = "answer: the capital is Tokyo, the total is 165"
+RIGHT_ANSWER = "answer: the capital of Japan is Tokyo, the total is 165"
 
 pytestmark = pytest.mark.engine
 
