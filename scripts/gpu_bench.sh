@@ -21,9 +21,10 @@ P_PORT=8100 D_PORT=8200 ROUTER_PORT=8000
 export AGENTKV_SECRET=${AGENTKV_SECRET:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}
 mkdir -p "$OUT"
 
-transfer_config() {  # $1: engine id
-  printf '{"kv_connector":"AgentKVConnector","kv_connector_module_path":"agentkv_server.connector",'
-  printf '"kv_role":"kv_both","engine_id":"%s","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' "$1"
+transfer_config() {  # $1: engine id; the launcher's own --kv-transfer-config (bundle/launcher.py)
+  "$PYTHON" -c 'import json, sys
+from agentkv_server.bundle.launcher import AGENTKV_CONNECTOR
+print(json.dumps(AGENTKV_CONNECTOR.transfer_config(sys.argv[1])))' "$1"
 }
 
 # P without prefix caching (one P shared by many sessions keeps little of them; it is also how

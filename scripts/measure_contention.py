@@ -23,20 +23,21 @@ from typing import Any
 import psutil
 
 import agentkv
+from agentkv_server import wire
 from agentkv_server.bundle.launcher import AGENTKV_CONNECTOR, ConnectorSpec
 from agentkv_server.bundle.stack import Stack, StackConfig
 
 ALWAYS_PULL = {"policy": "always"}
 SETTINGS = {
     "upstream behaviour": {
-        "agentkv_demote_transfer_threads": False,
-        "agentkv_idle_sleep_ms": 0,
-        "agentkv_nixl_progress_delay_us": 0,
+        wire.EXTRA_DEMOTE_TRANSFER_THREADS: False,
+        wire.EXTRA_IDLE_SLEEP_MS: 0,
+        wire.EXTRA_NIXL_PROGRESS_DELAY_US: 0,
     },
     "threads demoted": {
-        "agentkv_demote_transfer_threads": True,
-        "agentkv_idle_sleep_ms": 0,
-        "agentkv_nixl_progress_delay_us": 0,
+        wire.EXTRA_DEMOTE_TRANSFER_THREADS: True,
+        wire.EXTRA_IDLE_SLEEP_MS: 0,
+        wire.EXTRA_NIXL_PROGRESS_DELAY_US: 0,
     },
     "demoted + paced (defaults)": {},
 }

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentkv_server.bundle.probe import EngineClient, KVProbe
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.testing.probe import EngineClient, KVProbe
 
 NEW_TOKENS = 100
 OUTPUT_TOKENS = 32

@@ -19,9 +19,10 @@ import random
 import time
 from pathlib import Path
 
-from agentkv_server.bundle.probe import EngineClient, KVProbe, PrefillStep, logprob_gap
+from agentkv_server import wire
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.connector import PrefixFingerprint
+from agentkv_server.testing.probe import EngineClient, KVProbe, PrefillStep, logprob_gap
 
 # 2000 + 49 - 1 = 2048 held tokens: 16 whole CPU blocks (128 tokens), so D's own prefix cache
 # covers exactly the tokens a pull copies and D's local answer is comparable bit for bit.
@@ -49,10 +50,10 @@ def trial(probe: KVProbe, seed: int) -> dict[str, float]:
     _, held_b = probe.turn(b, max_tokens=OUTPUT, retention_seconds=300)
     follow_up = a + held_a.token_ids + tokens(seed + 2, NEW)
     recomputed = probe.recomputed_logprobs(follow_up)
-    held = follow_up[: held_a.holding["remote_num_tokens"]]
+    held = follow_up[: held_a.holding[wire.REMOTE_NUM_TOKENS]]
     forged = {
         **held_b.holding,
-        **PrefixFingerprint.of(held, held_a.holding["agentkv_hash_block_size"]).to_params(),
+        **PrefixFingerprint.of(held, held_a.holding[wire.HASH_BLOCK_SIZE]).to_params(),
     }
     local = probe.decode_engine_logprobs(follow_up)
     reuse = probe.prefill(follow_up, held_a.holding, cache_salt=f"r{time.time_ns()}")

@@ -34,9 +34,9 @@ import psutil
 
 import agentkv
 from agentkv_server.bundle.launcher import EngineProcess
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
 TOP_K = 5
 HOLDINGS_EVERY_S = 10.0

@@ -6,8 +6,10 @@
     assert router.requests[0].headers["x-session-id"] == ...
 
 The fake answers ``/chat/completions``, ``/completions`` and ``/responses`` with OpenAI-shaped
-JSON, or server-sent events when the request asks to stream, and reports a KV path the way the
-agentkv router does (docs/protocol.md section 3) for requests that carry a session id.
+JSON, or server-sent events when the request asks to stream, and ``GET /models``; it reports a
+KV path the way the agentkv router does (docs/protocol.md section 3) for requests that carry a
+session id. Replies come from a script (``replies``) or from a ``model``: a function of the
+request body, for fakes that must react to what the agent sent (tool results, tool_choice).
 """
 
 from __future__ import annotations
@@ -41,10 +43,18 @@ class Reply:
     text: str = "ok"
     tool_name: str | None = None
     tool_arguments: str = "{}"
+    tool_call_id: str = "call_0"
 
     @classmethod
-    def tool_call(cls, name: str, arguments: dict[str, Any] | None = None) -> Reply:
-        return cls(text="", tool_name=name, tool_arguments=json.dumps(arguments or {}))
+    def tool_call(
+        cls, name: str, arguments: dict[str, Any] | None = None, *, call_id: str = "call_0"
+    ) -> Reply:
+        return cls(
+            text="",
+            tool_name=name,
+            tool_arguments=json.dumps(arguments or {}),
+            tool_call_id=call_id,
+        )
 
     @property
     def finish_reason(self) -> str:
@@ -59,17 +69,36 @@ class RecordedRequest:
     headers: openai_httpx.Headers
     body: dict[str, Any]
 
+    @property
+    def session_id(self) -> str | None:
+        return self.headers.get(protocol.HEADER_SESSION_ID)
+
+    @property
+    def turn(self) -> int | None:
+        turn = self.headers.get(protocol.HEADER_TURN)
+        return None if turn is None else int(turn)
+
+    @property
+    def tool_continuation(self) -> bool:
+        return self.headers.get(protocol.HEADER_TOOL_CONTINUATION) == "1"
+
 
 @dataclass
 class FakeRouter:
     """An OpenAI-compatible endpoint as an ``openai_httpx.MockTransport`` handler.
 
-    Replies are served in order, then ``Reply()`` forever. Thread- and task-safe.
+    Replies are served in order, then ``Reply()`` forever; with a ``model``, each reply is
+    ``model(body)`` instead. A session's turns report ``kv_path`` and ``reused_tokens``; with
+    ``cold_first_turn``, its first turn (``x-agentkv-turn: 1``) reports ``recompute`` and 0, as
+    the router does. Thread- and task-safe.
     """
 
     replies: Iterable[Reply] = ()
     kv_path: str = "reuse"
     reused_tokens: int = 96
+    model: Callable[[dict[str, Any]], Reply] | None = None
+    cold_first_turn: bool = False
+    model_name: str = "fake"
     requests: list[RecordedRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -83,11 +112,14 @@ class FakeRouter:
         return openai_httpx.AsyncClient(transport=openai_httpx.MockTransport(self))
 
     def __call__(self, request: openai_httpx.Request) -> openai_httpx.Response:
+        if request.method == "GET" and request.url.path.endswith("/models"):
+            models = [{"id": self.model_name, "object": "model", "owned_by": "agentkv"}]
+            return openai_httpx.Response(200, json={"object": "list", "data": models})
         body = json.loads(request.content or b"{}")
         with self._lock:
             self.requests.append(RecordedRequest(request.url.path, request.headers, body))
-            reply = next(self._replies, Reply())
-        events = _events_for(request.url.path)(reply, body.get("model", "fake"))
+            reply = self.model(body) if self.model else next(self._replies, Reply())
+        events = _events_for(request.url.path)(reply, body.get("model", self.model_name))
         headers = self._router_headers(request.headers)
         if body.get("stream"):
             sse = {**headers, "content-type": "text/event-stream"}
@@ -98,10 +130,11 @@ class FakeRouter:
         session_id = request_headers.get(protocol.HEADER_SESSION_ID)
         if session_id is None:
             return {}
+        cold = self.cold_first_turn and request_headers.get(protocol.HEADER_TURN, "1") == "1"
         return {
             protocol.HEADER_RESPONSE_SESSION_ID: session_id,
-            protocol.HEADER_KV_PATH: self.kv_path,
-            protocol.HEADER_REUSED_TOKENS: str(self.reused_tokens),
+            protocol.HEADER_KV_PATH: "recompute" if cold else self.kv_path,
+            protocol.HEADER_REUSED_TOKENS: "0" if cold else str(self.reused_tokens),
         }
 
 
@@ -111,10 +144,10 @@ def serve(router: FakeRouter) -> Iterator[str]:
     yields the ``/v1`` base URL to give them."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
+        def _answer(self) -> None:
             content = self.rfile.read(int(self.headers.get("content-length") or 0))
             request = openai_httpx.Request(
-                "POST",
+                self.command,
                 f"http://fake{self.path}",
                 headers=list(self.headers.items()),
                 content=content,
@@ -128,6 +161,8 @@ def serve(router: FakeRouter) -> Iterator[str]:
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        do_GET = do_POST = _answer
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -172,7 +207,8 @@ def _chat(reply: Reply, model: str) -> list[dict[str, Any]]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.tool_name:
         function = {"name": reply.tool_name, "arguments": reply.tool_arguments}
-        message["tool_calls"] = [{"id": "call_0", "type": "function", "function": function}]
+        call = {"id": reply.tool_call_id, "type": "function", "function": function}
+        message["tool_calls"] = [call]
     delta = {**message}
     if reply.tool_name:
         delta["tool_calls"] = [{"index": 0, **message["tool_calls"][0]}]
@@ -206,7 +242,7 @@ def _response(reply: Reply, model: str) -> list[dict[str, Any]]:
         item = {
             "type": "function_call",
             "id": "fc_0",
-            "call_id": "call_0",
+            "call_id": reply.tool_call_id,
             "name": reply.tool_name,
             "arguments": reply.tool_arguments,
             "status": "completed",

@@ -31,6 +31,7 @@ from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
 from agentkv_server.errors import ConfigError
+from agentkv_server.wire import ENV_PREFIX
 
 __all__ = [
     "CostModelSettings",
@@ -44,9 +45,6 @@ __all__ = [
     "load_settings",
     "read_config_file",
 ]
-
-ENV_PREFIX = "AGENTKV_"
-"""``AGENTKV_<FIELD>`` sets a field; ``__`` reaches into a group: ``AGENTKV_RETENTION__MAX_S``."""
 
 PolicyName = Literal["agentkv", "upstream", "never", "always"]
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;

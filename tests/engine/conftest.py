@@ -16,8 +16,8 @@ import pytest
 
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.ports import free_ports
-from agentkv_server.bundle.probe import EngineClient, KVProbe
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.testing.probe import EngineClient, KVProbe
 
 REQUEST_TIMEOUT_S = 120.0
 # The router's cost model rightly recomputes a tiny model's short history when the engines are

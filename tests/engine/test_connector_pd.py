@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 from agentkv_server.bundle.stack import Stack
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 
 pytestmark = pytest.mark.engine
 

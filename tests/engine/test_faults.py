@@ -28,11 +28,11 @@ import pytest
 
 from agentkv import protocol
 from agentkv_server.bundle.launcher import EngineProcess
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing import RedisServer, serve_in_process
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.kills_engines]
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 from agentkv_server.connector import PrefixFingerprint
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 
 pytestmark = pytest.mark.engine
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from agentkv import protocol
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.settings import Settings
 from agentkv_server.testing import serve_in_process
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
 
 pytestmark = pytest.mark.engine
 

@@ -14,8 +14,8 @@ from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, SQLite
 
 import agentkv
 from agentkv_openai_agents import Runner, conversation_session
-from agentkv_server.bundle.probe import KVProbe
 from agentkv_server.bundle.stack import Stack
+from agentkv_server.testing.probe import KVProbe
 
 pytestmark = pytest.mark.engine
 

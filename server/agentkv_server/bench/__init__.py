@@ -1,16 +1,18 @@
 """``agentkv bench``: multi-turn agent workloads measured on every serving mode, side by side.
 
 ``workload`` says what sessions send, ``runner`` sends it through the SDK and records each
-turn, ``modes`` puts a router (or nothing) in front of the engines per mode, ``stats`` and
-``report`` turn the records into figures, plots and a markdown summary.
+turn, ``decoders`` streams long outputs beside the turns (the concurrency dimension),
+``modes`` puts a router (or nothing) in front of the engines per mode, ``kvmemory`` and
+``transfers`` read the engines' metrics, ``stats`` and ``report`` turn the records into
+figures, plots and a markdown summary.
 """
 
 from agentkv_server.bench.kvmemory import KVUsage
 from agentkv_server.bench.modes import BASELINE, MODES, Deployment, ModeName, serve_mode
-from agentkv_server.bench.records import BenchResult, TurnRecord
+from agentkv_server.bench.records import BenchResult, DecodeRecord, TransferRecord, TurnRecord
 from agentkv_server.bench.report import write_report
-from agentkv_server.bench.runner import Runner, Target
-from agentkv_server.bench.stats import Summary, summarize
+from agentkv_server.bench.runner import Runner, RunRecords, Target
+from agentkv_server.bench.stats import Summary, Tpot, summarize
 from agentkv_server.bench.workload import PRESETS, Preset, ToolLatency, Workload
 
 __all__ = [
@@ -18,14 +20,18 @@ __all__ = [
     "MODES",
     "PRESETS",
     "BenchResult",
+    "DecodeRecord",
     "Deployment",
     "KVUsage",
     "ModeName",
     "Preset",
+    "RunRecords",
     "Runner",
     "Summary",
     "Target",
     "ToolLatency",
+    "Tpot",
+    "TransferRecord",
     "TurnRecord",
     "Workload",
     "serve_mode",

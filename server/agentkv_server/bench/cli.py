@@ -27,10 +27,11 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from agentkv_server import wire
 from agentkv_server.bench.modes import MODES, Deployment, ModeName, parse_base_urls, serve_mode
-from agentkv_server.bench.records import BenchResult, TurnRecord
+from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.report import MARKDOWN_NAME, write_report
-from agentkv_server.bench.runner import Runner, Target
+from agentkv_server.bench.runner import Runner, RunRecords, Target
 from agentkv_server.bench.workload import (
     PRESETS,
     Preset,
@@ -82,6 +83,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds between turns: fixed, exponential, lognormal or uniform",
     )
     shape.add_argument("--concurrency", type=int, help="sessions active at once")
+    shape.add_argument(
+        "--decoders",
+        type=int,
+        help="sessions decoding long outputs beside the agent sessions (their inter-token "
+        "latency shows what each mode's turns cost other sessions; 0: none)",
+    )
+    shape.add_argument("--decode-tokens", type=int, help="output tokens per decoding request")
     shape.add_argument("--repeats", type=int, help="runs of the whole workload per mode")
     shape.add_argument("--seed", type=int, help="seed of the workload's random draws")
     where = parser.add_argument_group("engines")
@@ -121,7 +129,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--secret",
-        default=os.environ.get("AGENTKV_SECRET"),
+        default=os.environ.get(wire.SECRET_ENV),
         help="the decode engines' agentkv_secret (default: $AGENTKV_SECRET)",
     )
     where.add_argument(
@@ -178,7 +186,13 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(not r.ok for r in result.records)
     if failed:
         print(f"{failed} turn(s) failed; see 'error' in results.json", file=sys.stderr)
-    return 1 if failed else 0
+    failed_decodes = sum(d.error is not None for d in result.decodes)
+    if failed_decodes:
+        print(
+            f"{failed_decodes} decoding request(s) failed; see 'decodes' in results.json",
+            file=sys.stderr,
+        )
+    return 1 if failed or failed_decodes else 0
 
 
 def _plan(args: argparse.Namespace) -> Preset:
@@ -190,6 +204,8 @@ def _plan(args: argparse.Namespace) -> Preset:
         output_tokens=args.output_tokens,
         tool_latency=args.tool_latency,
         concurrency=args.concurrency,
+        decoders=args.decoders,
+        decode_tokens=args.decode_tokens,
         seed=args.seed,
         repeats=args.repeats,
     )
@@ -234,18 +250,20 @@ def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResu
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
     }
-    return BenchResult(config, tuple(records))
+    return BenchResult(
+        config, tuple(records.turns), tuple(records.decodes), tuple(records.transfers)
+    )
 
 
-async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> list[TurnRecord]:
+async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> RunRecords:
     salt = uuid.uuid4().hex[:8]  # a fresh prefix for every run: no cache hit from an earlier one
     await _warm_up(runner, setup, salt)
-    records: list[TurnRecord] = []
+    records = RunRecords([], [], [])
     for mode in setup.modes:
         for repeat in range(repeats):
             bar.set_description(f"{mode} {repeat + 1}/{repeats}")
             async with setup.open_target(mode) as target:
-                records += await runner.run(target, repeat, salt)
+                records.extend(await runner.run(target, repeat, salt))
     return records
 
 
@@ -337,6 +355,11 @@ def _describe_workload(w: Workload) -> str:
         f"{w.sessions} sessions x {w.turns} turns per history length "
         f"{', '.join(map(str, w.history_tokens))} tokens; {w.new_tokens} new and {w.output_tokens} "
         f"output tokens per turn; tool latency {w.tool_latency}; concurrency {w.concurrency}"
+        + (
+            f"; beside them {w.decoders} session(s) decoding {w.decode_tokens}-token outputs"
+            if w.decoders
+            else ""
+        )
     )
 
 

@@ -27,7 +27,7 @@ import uvicorn
 from agentkv_server.bench.runner import Target
 from agentkv_server.errors import ConfigError
 from agentkv_server.router.app import create_app
-from agentkv_server.settings import Settings
+from agentkv_server.settings import PolicyName, Settings
 
 __all__ = [
     "BASELINE",
@@ -45,7 +45,7 @@ ModeName = Literal["recompute", "upstream", "agentkv", "aggregated"]
 MODES: Final[tuple[ModeName, ...]] = ("aggregated", "recompute", "agentkv", "upstream")
 BASELINE: Final[ModeName] = "recompute"
 
-_POLICY: Final[Mapping[str, Literal["never", "upstream", "agentkv"]]] = {
+_POLICY: Final[Mapping[str, PolicyName]] = {
     "recompute": "never",
     "upstream": "upstream",
     "agentkv": "agentkv",
@@ -91,7 +91,13 @@ async def serve_mode(mode: ModeName, deployment: Deployment) -> AsyncIterator[Ta
         secret=deployment.secret,
     )
     async with serve_router(settings) as url:
-        yield Target(mode, (url,), deployment.model, metrics)
+        yield Target(
+            mode,
+            (url,),
+            deployment.model,
+            metrics,
+            prefill_metrics_urls=tuple(f"{u.rstrip('/')}/metrics" for u in deployment.prefill_urls),
+        )
 
 
 @contextlib.asynccontextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["BenchResult", "TurnRecord"]
+__all__ = ["BenchResult", "DecodeRecord", "TransferRecord", "TurnRecord"]
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,78 @@ class TurnRecord:
 
 
 @dataclass(frozen=True)
+class DecodeRecord:
+    """One long-output request of a decoding session (the concurrency dimension).
+
+    ``gaps_s`` are the client-side times between consecutive streamed chunks after the first:
+    the inter-token latency its decoding saw while the agent sessions' turns were served
+    beside it. A request still running when the agent sessions finish is cut there
+    (``complete`` False); its gaps so far count.
+    """
+
+    mode: str
+    repeat: int
+    history_tokens: int
+    decoder: int
+    request: int
+    ttft_s: float | None = None
+    gaps_s: tuple[float, ...] = ()
+    complete: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gaps_s": list(self.gaps_s)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DecodeRecord:
+        names = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in names}
+        return cls(**{**values, "gaps_s": tuple(values.get("gaps_s", ()))})
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """NIXL reads one role's engines made while one mode's sessions of one history length ran,
+    and their summed duration, as the engines report them (bench/transfers.py)."""
+
+    mode: str
+    repeat: int
+    history_tokens: int
+    role: str
+    reads: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransferRecord:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class BenchResult:
-    """A whole run: how it was configured (free-form, JSON-ready) and every turn's record."""
+    """A whole run: how it was configured (free-form, JSON-ready), every turn's record, with
+    decoding sessions every one of their requests, and the engines' KV transfer totals."""
 
     config: dict[str, Any]
     records: tuple[TurnRecord, ...]
+    decodes: tuple[DecodeRecord, ...] = ()
+    transfers: tuple[TransferRecord, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "records": [r.to_dict() for r in self.records]}
+        return {
+            "config": self.config,
+            "records": [r.to_dict() for r in self.records],
+            "decodes": [d.to_dict() for d in self.decodes],
+            "transfers": [t.to_dict() for t in self.transfers],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchResult:
-        return cls(data["config"], tuple(TurnRecord.from_dict(r) for r in data["records"]))
+        return cls(
+            data["config"],
+            tuple(TurnRecord.from_dict(r) for r in data["records"]),
+            tuple(DecodeRecord.from_dict(d) for d in data.get("decodes", ())),
+            tuple(TransferRecord.from_dict(t) for t in data.get("transfers", ())),
+        )

@@ -1,5 +1,5 @@
-"""Writes a run's results: ``results.json`` (config, records, summary), two PNG plots and a
-markdown summary, all into one output directory.
+"""Writes a run's results: ``results.json`` (config, records, summary), PNG plots (the TPOT
+trade plot only with decoding sessions) and a markdown summary, all into one output directory.
 
 Plots use matplotlib's Agg backend: no display is needed, and the choice is made on the
 figure's own canvas rather than with the process-wide ``matplotlib.use``.
@@ -19,6 +19,7 @@ __all__ = [
     "JSON_NAME",
     "MARKDOWN_NAME",
     "SPEEDUP_PLOT",
+    "TRADE_PLOT",
     "TTFT_PLOT",
     "render_markdown",
     "write_report",
@@ -28,6 +29,7 @@ JSON_NAME = "results.json"
 MARKDOWN_NAME = "summary.md"
 TTFT_PLOT = "ttft_by_turn.png"
 SPEEDUP_PLOT = "speedup_vs_history.png"
+TRADE_PLOT = "ttft_vs_tpot.png"
 
 # One colour per mode in every plot, so the two figures read together.
 _COLORS = {
@@ -41,12 +43,14 @@ _COLORS = {
 def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
     """Write every output of ``result`` into ``out_dir``; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(result.records)
+    summary = summarize(result.records, decodes=result.decodes, transfers=result.transfers)
     paths = [
         _write_json(result, summary, out_dir / JSON_NAME),
         _plot_ttft_by_turn(summary, out_dir / TTFT_PLOT),
         _plot_speedup(summary, out_dir / SPEEDUP_PLOT),
     ]
+    if any(m.tpot is not None for m in summary.modes):
+        paths.append(_plot_trade(summary, out_dir / TRADE_PLOT))
     markdown = out_dir / MARKDOWN_NAME
     markdown.write_text(render_markdown(result, summary))
     return [*paths, markdown]
@@ -86,7 +90,9 @@ def render_markdown(result: BenchResult, summary: Summary) -> str:
         "",
         *_history_table(summary),
         "",
+        *_trade_table(summary),
         *_breakdown_table(summary),
+        *_transfer_table(summary),
     ]
     return "\n".join(lines) + "\n"
 
@@ -137,24 +143,96 @@ def _history_table(summary: Summary) -> list[str]:
     return rows
 
 
-def _breakdown_table(summary: Summary) -> list[str]:
-    """Where a follow-up turn's time goes, per mode, and which paths the router took."""
+def _trade_table(summary: Summary) -> list[str]:
+    """What each mode's follow-up TTFT costs the sessions decoding beside it (their TPOT)."""
+    if not any(m.tpot is not None for m in summary.modes):
+        return []
     rows = [
         (
-            "Follow-up turn breakdown (median s; router's plan, prefill step, decode step to "
-            "first byte, then the client's wait from the last chunk to the stream's end) and "
-            "KV paths:"
+            "Decoding sessions beside the turns: inter-token latency (TPOT) of their streams, "
+            f"pooled over repeats, against the agent sessions' follow-up TTFT; p99 ratio over "
+            f"`{summary.baseline}`'s:"
         ),
         "",
-        "| mode | plan | prefill | decode | end wait | paths |",
-        "|---|---:|---:|---:|---:|---|",
+        (
+            "| mode | TTFT follow-up (s) | TPOT p50 (ms) | TPOT p99 (ms) | TPOT max (ms) "
+            "| p99 ratio | gaps | decode errors | local follow-ups |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in summary.modes:
-        steps = [m.breakdown.get(step) for step in BREAKDOWN_STEPS]
-        cells = ["n/a" if value is None else f"{value:.3f}" for value in steps]
-        paths = ", ".join(f"{path} {count}" for path, count in sorted(m.paths.items())) or "n/a"
-        rows.append(f"| {m.mode} | " + " | ".join(cells) + f" | {paths} |")
+        tpot = m.tpot
+        cells = [
+            m.mode,
+            _spread(m.ttft_followup_s),
+            *(("n/a",) * 3 if tpot is None else (_ms(tpot.p50), _ms(tpot.p99), _ms(tpot.max))),
+            _times(m.tpot_p99_ratio),
+            "0" if tpot is None else str(tpot.gaps),
+            str(m.decode_errors),
+            f"{m.paths.get('local', 0)} of {m.followups}" if m.paths else "n/a",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return [*rows, ""]
+
+
+def _breakdown_table(summary: Summary) -> list[str]:
+    """Where a follow-up turn's time goes, per mode and KV path."""
+    rows = [
+        (
+            "Follow-up turn breakdown per KV path (median s; the router's plan, prefill step and "
+            "decode step to first byte from its `Server-Timing` header, then the client's wait "
+            "from the last chunk to the stream's end, the router's wait for the holding report):"
+        ),
+        "",
+        "| mode | path | turns | plan | prefill | decode | end wait |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for m in summary.modes:
+        for path, steps in m.breakdown_by_path.items():
+            cells = [_seconds(steps.get(step)) for step in BREAKDOWN_STEPS]
+            count = m.paths.get(path, m.followups - sum(m.paths.values()))
+            rows.append(f"| {m.mode} | {path} | {count} | " + " | ".join(cells) + " |")
     return rows
+
+
+def _transfer_table(summary: Summary) -> list[str]:
+    """The KV transfers inside the P and D steps, which the router cannot time itself."""
+    if not any(m.transfers for m in summary.modes):
+        return []
+    rows = [
+        "",
+        (
+            "KV transfers as the engines report them (`vllm:nixl_xfer_time_seconds`; every "
+            "request of the mode, decoding sessions' included): NIXL reads by the prefill "
+            "engine (pulls of held history) and by the decode engine (P's new blocks), and "
+            "their mean duration:"
+        ),
+        "",
+        "| mode | P reads | P mean read (ms) | D reads | D mean read (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in summary.modes:
+        cells = []
+        for role in ("prefill", "decode"):
+            totals = m.transfers.get(role)
+            cells += (
+                ["n/a", "n/a"]
+                if totals is None
+                else [
+                    str(totals.reads),
+                    _ms(totals.seconds / totals.reads) if totals.reads else "n/a",
+                ]
+            )
+        rows.append(f"| {m.mode} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}"
 
 
 def _spread(spread: Spread | None) -> str:
@@ -223,6 +301,35 @@ def _plot_speedup(summary: Summary, path: Path) -> Path:
         xlabel="initial history (tokens)",
         ylabel="speedup (x)",
     )
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    figure.savefig(path, dpi=120)
+    return path
+
+
+def _plot_trade(summary: Summary, path: Path) -> Path:
+    """Follow-up TTFT against the decoding sessions' TPOT p99: one line per mode through its
+    history lengths (labelled); down and left is better on both."""
+    figure, (ax,) = _figure()
+    for mode in _modes(summary):
+        points = sorted(
+            (p.history_tokens, p.tpot.p99 * 1000, p.ttft_followup_s.median)
+            for p in summary.by_history
+            if p.mode == mode and p.tpot is not None
+        )
+        if not points:
+            continue
+        _, tpots, ttfts = zip(*points)
+        ax.plot(tpots, ttfts, marker="o", label=mode, color=_COLORS.get(mode))
+        for history, x, y in points:
+            ax.annotate(str(history), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set(
+        title="follow-up TTFT vs other sessions' TPOT",
+        xlabel="decoding sessions' TPOT p99 (ms)",
+        ylabel="median follow-up TTFT (s)",
+    )
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     _legend(ax)
     figure.savefig(path, dpi=120)

@@ -9,6 +9,7 @@ life, tool waits included (a waiting agent is still an active conversation).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -19,11 +20,13 @@ import httpx
 import openai
 
 import agentkv
+from agentkv_server.bench.decoders import DecodingSession, run_beside
 from agentkv_server.bench.kvmemory import DecodeMemoryProbe
-from agentkv_server.bench.records import TurnRecord
+from agentkv_server.bench.records import DecodeRecord, TransferRecord, TurnRecord
+from agentkv_server.bench.transfers import TransferProbe
 from agentkv_server.bench.workload import TextTokenizer, Workload
 
-__all__ = ["Runner", "Target"]
+__all__ = ["RunRecords", "Runner", "Target"]
 
 # Engine-side sampling that makes every turn produce exactly ``output_tokens`` (random-weight
 # test models would otherwise stop at an early end-of-sequence token).
@@ -44,9 +47,24 @@ class Target:
     model: str
     metrics_urls: tuple[str, ...] = ()
     tag_body: bool = True
+    prefill_metrics_urls: tuple[str, ...] = ()
 
     def url_for(self, session_id: str) -> str:
         return self.base_urls[zlib.crc32(session_id.encode()) % len(self.base_urls)]
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """What one run of the workload against one mode recorded."""
+
+    turns: list[TurnRecord]
+    decodes: list[DecodeRecord]
+    transfers: list[TransferRecord]
+
+    def extend(self, other: RunRecords) -> None:
+        self.turns.extend(other.turns)
+        self.decodes.extend(other.decodes)
+        self.transfers.extend(other.transfers)
 
 
 @dataclass(frozen=True)
@@ -77,9 +95,11 @@ class Runner:
         self.request_timeout_s = request_timeout_s
         self._on_turn = on_turn
 
-    async def run(self, target: Target, repeat: int, salt: str) -> list[TurnRecord]:
-        """Every session of every history length once; the histories run one after another."""
-        limits = httpx.Limits(max_connections=self.workload.concurrency + 4)
+    async def run(self, target: Target, repeat: int, salt: str) -> RunRecords:
+        """Every session of every history length once; the histories run one after another,
+        each beside the workload's decoding sessions."""
+        workload = self.workload
+        limits = httpx.Limits(max_connections=workload.concurrency + workload.decoders + 4)
         async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout_s) as http:
             clients = {
                 url: agentkv.AsyncOpenAI(
@@ -92,16 +112,63 @@ class Runner:
                 for url in target.base_urls
             }
             probe = DecodeMemoryProbe(target.metrics_urls, http)
-            records: list[TurnRecord] = []
-            for history in self.workload.history_tokens:
-                slots = asyncio.Semaphore(self.workload.concurrency)
-                sessions = [
-                    self._session(clients, probe, slots, target, repeat, history, index, salt)
-                    for index in range(self.workload.sessions)
-                ]
-                for session_records in await asyncio.gather(*sessions):
-                    records.extend(session_records)
+            transfers = {
+                "prefill": TransferProbe(target.prefill_metrics_urls, http),
+                "decode": TransferProbe(target.metrics_urls, http),
+            }
+            records = RunRecords([], [], [])
+            for history in workload.history_tokens:
+                sessions = functools.partial(
+                    self._sessions, clients, probe, target, repeat, history, salt
+                )
+                decoders = self._decoders(clients, target, repeat, history)
+                before = {role: await p.sample() for role, p in transfers.items()}
+                turns, decoded = await run_beside(decoders, sessions)
+                for role, transfer_probe in transfers.items():
+                    after = await transfer_probe.sample()
+                    if after is not None and (earlier := before[role]) is not None:
+                        moved = after - earlier
+                        records.transfers.append(
+                            TransferRecord(
+                                target.mode, repeat, history, role, moved.reads, moved.seconds
+                            )
+                        )
+                records.turns.extend(turns)
+                records.decodes.extend(decoded)
             return records
+
+    async def _sessions(
+        self,
+        clients: dict[str, agentkv.AsyncOpenAI],
+        probe: DecodeMemoryProbe,
+        target: Target,
+        repeat: int,
+        history: int,
+        salt: str,
+    ) -> list[TurnRecord]:
+        """The agent sessions of one history length, at most ``concurrency`` at once."""
+        slots = asyncio.Semaphore(self.workload.concurrency)
+        by_session = await asyncio.gather(
+            *(
+                self._session(clients, probe, slots, target, repeat, history, index, salt)
+                for index in range(self.workload.sessions)
+            )
+        )
+        return [record for records in by_session for record in records]
+
+    def _decoders(
+        self, clients: dict[str, agentkv.AsyncOpenAI], target: Target, repeat: int, history: int
+    ) -> list[DecodingSession]:
+        return [
+            DecodingSession(
+                self.workload,
+                self.tokenizer,
+                clients[target.url_for(f"decoder-{index}")],
+                target.model,
+                DecodeRecord(target.mode, repeat, history, index, request=0),
+            )
+            for index in range(self.workload.decoders)
+        ]
 
     async def _session(
         self,

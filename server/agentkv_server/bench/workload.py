@@ -22,6 +22,7 @@ from agentkv_server.bundle.model import DEFAULT_MODEL
 from agentkv_server.errors import ConfigError
 
 __all__ = [
+    "DECODER_PROMPT_TOKENS",
     "PRESETS",
     "FileTokenizer",
     "Preset",
@@ -32,6 +33,9 @@ __all__ = [
     "load_tokenizer",
     "text_of_tokens",
 ]
+
+# Prompt of a decoding session's requests: short, so that what they cost is their decoding.
+DECODER_PROMPT_TOKENS = 64
 
 Distribution = Literal["fixed", "exponential", "lognormal", "uniform"]
 
@@ -86,6 +90,11 @@ class Workload:
 
     The whole set of ``sessions`` runs once per initial history length in ``history_tokens``
     (the sweep); at most ``concurrency`` sessions are active at once.
+
+    The concurrency dimension: ``decoders`` more sessions decode long outputs
+    (``decode_tokens`` each, one request after another) for as long as the agent sessions of
+    a history length run, so that what a turn's prefill does to other sessions' decoding shows
+    in their inter-token latency (0: none).
     """
 
     sessions: int
@@ -96,6 +105,8 @@ class Workload:
     tool_latency: ToolLatency = ToolLatency()
     concurrency: int = 1
     seed: int = 0
+    decoders: int = 0
+    decode_tokens: int = 256
 
     def __post_init__(self) -> None:
         if (
@@ -105,6 +116,8 @@ class Workload:
             raise ConfigError("sessions, turns, new/output tokens and concurrency must be >= 1")
         if not self.history_tokens or min(self.history_tokens) < 0:
             raise ConfigError("history_tokens needs at least one length >= 0")
+        if self.decoders < 0 or self.decode_tokens < 2:
+            raise ConfigError("decoders must be >= 0 and decode_tokens >= 2")
 
     def tool_latencies(self, history: int, session: int) -> list[float]:
         """Sleeps before turns 2..N of one session: the same for every mode."""
@@ -115,6 +128,11 @@ class Workload:
         """The session's initial context: a salt line, then ``history`` tokens of text."""
         rng = random.Random(f"{self.seed}:history:{history}:{session}")
         return f"[{salt} session {session}]\n" + text_of_tokens(tokenizer, history, rng)
+
+    def decoder_text(self, tokenizer: TextTokenizer, index: int, salt: str) -> str:
+        """The short prompt of a decoding session's requests (its cost is the decoding)."""
+        rng = random.Random(f"{self.seed}:decoder:{index}")
+        return f"[{salt} decoder {index}]\n" + text_of_tokens(tokenizer, DECODER_PROMPT_TOKENS, rng)
 
     def new_text(self, tokenizer: TextTokenizer, history: int, session: int, turn: int) -> str:
         """The fresh input of one turn (turn 1's user request included)."""

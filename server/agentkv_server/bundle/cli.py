@@ -23,8 +23,9 @@ from agentkv_server.bundle.launcher import detect_device
 from agentkv_server.bundle.model import DEFAULT_MODEL, PRESETS
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.errors import AgentKVServerError
-from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV, settings_from_args
 from agentkv_server.router.cli import add_arguments as add_router_arguments
+from agentkv_server.router.cli import settings_from_args
+from agentkv_server.wire import API_KEYS_ENV, SECRET_ENV
 
 __all__ = ["DEPRECATED_OPTIONS", "client_examples", "configure", "run", "stack_config"]
 

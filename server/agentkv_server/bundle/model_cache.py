@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from agentkv_server import wire
+
 __all__ = ["MANIFEST", "Dtype", "build_atomically", "built_dtype", "cache_dir", "manifest"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -25,7 +27,7 @@ MANIFEST = "agentkv_model.json"  # how a directory was prepared: source, dtype, 
 
 def cache_dir() -> Path:
     """Where prepared models live: ``$AGENTKV_CACHE_DIR`` or ``~/.cache/agentkv/models``."""
-    configured = os.environ.get("AGENTKV_CACHE_DIR")
+    configured = os.environ.get(wire.CACHE_DIR_ENV)
     return Path(configured) if configured else Path.home() / ".cache" / "agentkv" / "models"
 
 

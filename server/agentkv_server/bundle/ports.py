@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Final
 
 from agentkv_server.errors import ConfigError, EngineError, PortInUseError
+from agentkv_server.wire import PORT_BASE_ENV
 
 __all__ = [
-    "PORT_BASE_ENV",
     "ensure_ports_free",
     "ephemeral_port_range",
     "free_ports",
     "port_pool",
 ]
 
-PORT_BASE_ENV: Final = "AGENTKV_PORT_BASE"
 _EPHEMERAL_RANGE_FILE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LINUX_DEFAULT_EPHEMERAL: Final = (32768, 60999)
 _DEFAULT_BASE: Final = 20000

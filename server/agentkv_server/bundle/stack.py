@@ -33,7 +33,14 @@ from agentkv_server.bundle.model import Dtype, is_test_model, resolve_model, too
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
-from agentkv_server.router.cli import API_KEYS_ENV, SECRET_ENV
+from agentkv_server.wire import (
+    API_KEYS_ENV,
+    CLIENT_BASE_URL_ENV,
+    CLIENT_LOGIT_BIAS_ENV,
+    CLIENT_MODEL_ENV,
+    ROUTER_URL_ENV,
+    SECRET_ENV,
+)
 
 __all__ = ["Stack", "StackConfig", "core_layout"]
 
@@ -43,18 +50,14 @@ logger = logging.getLogger(__name__)
 # our check and the engine's bind): each retry takes other ports.
 PORT_ATTEMPTS = 3
 
-ROUTER_URL_ENV = "AGENTKV_ROUTER_URL"
-# What the examples read (examples/_common.py): where to send requests, and for a random-weight
-# test model the logit_bias that lets it write complete tool calls (a real model needs none).
-CLIENT_BASE_URL_ENV = "AGENTKV_BASE_URL"
-CLIENT_MODEL_ENV = "AGENTKV_MODEL"
-CLIENT_LOGIT_BIAS_ENV = "AGENTKV_TOOL_LOGIT_BIAS"
-
 
 @dataclass(frozen=True)
 class StackConfig:
     """What to start. ``port`` is the router's (0: any free port); engines take free ports
-    from ``port_base`` on (None: ``$AGENTKV_PORT_BASE`` or 20000; never the ephemeral range)."""
+    from ``port_base`` on (None: ``$AGENTKV_PORT_BASE`` or 20000; never the ephemeral range).
+    ``prefill_args`` go to prefill engines only, after ``engine_args``. Without a router of its
+    own (``router=False``), ``report_port`` is where one will listen on ``host``: decode engines
+    report their holdings there (``agentkv bench`` starts a router per mode)."""
 
     model: str | None = None  # a model name or directory; None: the default (smollm2)
     dtype: Dtype = "float32"
@@ -66,7 +69,9 @@ class StackConfig:
     device: Device = "cpu"
     connector: ConnectorSpec = AGENTKV_CONNECTOR
     engine_args: tuple[str, ...] = ()
+    prefill_args: tuple[str, ...] = ()
     router: bool = True
+    report_port: int | None = None
     router_settings: Mapping[str, Any] = field(default_factory=dict)  # Settings fields, as JSON
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # clients' keys, for the router
@@ -200,8 +205,9 @@ class Stack:
             if config.device == "cpu"
             else [None] * len(roles)
         )
+        report_port = self._router_port if config.router else config.report_port
         report_to = {
-            ROUTER_URL_ENV: f"http://{config.host}:{self._router_port}",
+            ROUTER_URL_ENV: f"http://{config.host}:{report_port}",
             SECRET_ENV: config.secret,
         }
         return [
@@ -217,8 +223,12 @@ class Stack:
                 device=config.device,
                 cores=cores[i],
                 kv_cache_gib=config.kv_cache_gib,
-                engine_args=config.engine_args,
-                env=report_to if config.router else {},
+                engine_args=(
+                    (*config.engine_args, *config.prefill_args)
+                    if role == "prefill"
+                    else config.engine_args
+                ),
+                env=report_to if report_port else {},
             )
             for i, role in enumerate(roles)
         ]

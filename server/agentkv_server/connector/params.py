@@ -1,24 +1,20 @@
-"""agentkv's fields in ``kv_transfer_params`` (docs/protocol.md section 5), read and written here.
+"""The connector's readers of agentkv's fields in ``kv_transfer_params`` (docs/protocol.md section 5).
 
-Upstream NixlConnector fields pass through untouched; every field agentkv adds starts with
-``agentkv_``. The functions below are the connector's only readers of router-supplied values,
-and they never raise on bad input: a malformed hint falls back to upstream behaviour.
+The names live in ``agentkv_server.wire``; upstream NixlConnector fields pass through
+untouched. These functions are the connector's only readers of router-supplied values, and
+they never raise on bad input: a malformed hint falls back to upstream behaviour.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from agentkv_server.connector.log import get_logger
+from agentkv_server.wire import EXPIRES_AT, RELEASE, RETENTION_SECONDS, TICKET
 
 __all__ = [
-    "EXPIRES_AT",
-    "EXPIRES_IN_SECONDS",
-    "RELEASE",
-    "RETENTION_SECONDS",
-    "TICKET",
     "expires_within",
     "release_ids",
     "retention_seconds",
@@ -26,17 +22,6 @@ __all__ = [
 ]
 
 logger = get_logger(__name__)
-
-# Router -> D, with the decode step.
-RETENTION_SECONDS: Final = "agentkv_retention_seconds"
-TICKET: Final = "agentkv_ticket"
-# Router -> D, alone on a tiny request: free these retained requests' blocks now.
-RELEASE: Final = "agentkv_release"
-# D -> router, in the returned params and the holding report.
-EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
-# D -> P (opaque to the router): the retention deadline as Unix time, so that P's scheduler
-# can skip a holding that is gone before it parks the request waiting for it.
-EXPIRES_AT: Final = "agentkv_expires_at"
 
 
 def retention_seconds(params: Mapping[str, Any], *, default: float, maximum: float) -> float:

@@ -17,14 +17,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentkv_server.wire import BLOCK_HASHES, HASH_BLOCK_SIZE, TAIL_TOKEN_IDS
+
 __all__ = ["PrefixFingerprint", "block_hashes", "common_prefix_tokens"]
 
 _DIGEST_BYTES: Final = 16
 _ROOT: Final = b"agentkv-prefix-v1"
-
-BLOCK_HASHES_KEY: Final = "agentkv_block_hashes"
-BLOCK_SIZE_KEY: Final = "agentkv_hash_block_size"
-TAIL_TOKEN_IDS_KEY: Final = "agentkv_tail_token_ids"
 
 
 def _chain(token_ids: Sequence[int], block_size: int) -> Iterator[str]:
@@ -69,18 +67,18 @@ class PrefixFingerprint:
     def to_params(self) -> dict[str, Any]:
         """The fields added to ``kv_transfer_params`` (JSON-safe)."""
         return {
-            BLOCK_SIZE_KEY: self.block_size,
-            BLOCK_HASHES_KEY: list(self.block_hashes),
-            TAIL_TOKEN_IDS_KEY: list(self.tail_token_ids),
+            HASH_BLOCK_SIZE: self.block_size,
+            BLOCK_HASHES: list(self.block_hashes),
+            TAIL_TOKEN_IDS: list(self.tail_token_ids),
         }
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> PrefixFingerprint | None:
         """Read a fingerprint back; ``None`` when absent or malformed (then nothing is trusted)."""
         try:
-            block_size = int(params[BLOCK_SIZE_KEY])
-            hashes = tuple(str(h) for h in params[BLOCK_HASHES_KEY])
-            tail = tuple(int(t) for t in params[TAIL_TOKEN_IDS_KEY])
+            block_size = int(params[HASH_BLOCK_SIZE])
+            hashes = tuple(str(h) for h in params[BLOCK_HASHES])
+            tail = tuple(int(t) for t in params[TAIL_TOKEN_IDS])
         except (KeyError, TypeError, ValueError):
             return None
         if block_size < 1 or len(tail) >= block_size:

@@ -29,13 +29,12 @@ from tenacity import (
     wait_exponential,
 )
 
+from agentkv_server import wire
 from agentkv_server.connector.log import get_logger
 
-__all__ = ["SECRET_HEADER", "HoldingReporter", "KeepAlivePost", "Post"]
+__all__ = ["HoldingReporter", "KeepAlivePost", "Post"]
 
 logger = get_logger(__name__)
-
-SECRET_HEADER: Final = "x-agentkv-secret"
 
 # (url, body, headers, timeout) -> HTTP status. Injected in tests.
 Post = Callable[[str, bytes, Mapping[str, str], float], int]
@@ -110,7 +109,7 @@ class HoldingReporter:
         self._url = url
         self._headers = {"content-type": "application/json"}
         if secret:
-            self._headers[SECRET_HEADER] = secret
+            self._headers[wire.SECRET_HEADER] = secret
         self._timeout = timeout
         self._own_post = KeepAlivePost() if post is None else None
         self._post = post or self._own_post
@@ -122,7 +121,7 @@ class HoldingReporter:
 
     def submit(self, ticket: str, kv_transfer_params: Mapping[str, Any]) -> bool:
         """Queue one report; False (and a warning) when the queue is full or closed."""
-        report = {"ticket": ticket, "kv_transfer_params": dict(kv_transfer_params)}
+        report = wire.holding_report(ticket, kv_transfer_params)
         if not self._thread.is_alive():
             logger.warning("Holding report for ticket %s dropped: reporter closed", ticket)
             return False
@@ -166,20 +165,20 @@ class HoldingReporter:
         except RetryError as error:
             logger.warning(
                 "Holding report for ticket %s not delivered after %d attempts: %s",
-                report["ticket"],
+                report[wire.REPORT_TICKET],
                 ATTEMPTS,
                 _outcome(error),
             )
             return
         except ValueError as error:  # a URL http.client cannot use: retrying will not help
             logger.warning(
-                "Holding report for ticket %s not delivered: %s", report["ticket"], error
+                "Holding report for ticket %s not delivered: %s", report[wire.REPORT_TICKET], error
             )
             return
         if not 200 <= status < 300:
             logger.warning(
                 "Holding report for ticket %s refused by the router: HTTP %d",
-                report["ticket"],
+                report[wire.REPORT_TICKET],
                 status,
             )
 

@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
 from vllm.utils.math_utils import cdiv
 
-from agentkv_server.connector import params as wire
+from agentkv_server import wire
 from agentkv_server.connector.idle import IdleBackoff, engine_input_queue, wait_for_input
 from agentkv_server.connector.log import get_logger
-from agentkv_server.connector.prefix import (
-    BLOCK_SIZE_KEY,
-    PrefixFingerprint,
-    common_prefix_tokens,
-)
+from agentkv_server.connector.params import expires_within, release_ids, retention_seconds
+from agentkv_server.connector.params import ticket as requested_ticket
+from agentkv_server.connector.prefix import PrefixFingerprint, common_prefix_tokens
 from agentkv_server.connector.report import HoldingReporter
 from agentkv_server.connector.settings import ConnectorSettings
 
@@ -110,7 +108,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     ) -> None:
         params = request.kv_transfer_params
         if _pulls_holding(params) and not params.get("_remote_blocks_processed"):
-            loaded = min(params.get("remote_num_tokens") or 0, request.num_prompt_tokens)
+            loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
         if num_external_tokens > 0 and request.request_id in self._reqs_need_recv:
@@ -118,13 +116,13 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
 
     def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
         """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
-        held = params.get("remote_num_tokens") or 0
-        if wire.expires_within(params, EXPIRY_MARGIN_SECONDS, now=time.time()):
+        held = params.get(wire.REMOTE_NUM_TOKENS) or 0
+        if expires_within(params, EXPIRY_MARGIN_SECONDS, now=time.time()):
             logger.info("Request %s: holding on %s has expired; recomputing",
-                        request.request_id, params.get("remote_engine_id"))  # fmt: skip
+                        request.request_id, params.get(wire.REMOTE_ENGINE_ID))  # fmt: skip
             # Nothing to read and nobody to notify: the holder frees expired blocks itself.
-            params["remote_num_tokens"] = 0
-            params["remote_block_ids"] = None
+            params[wire.REMOTE_NUM_TOKENS] = 0
+            params[wire.REMOTE_BLOCK_IDS] = None
             return
         loadable = self._verified_tokens(request, params, held)
         if loadable < held:
@@ -133,9 +131,9 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
                 request.request_id,
                 loadable,
                 held,
-                params.get("remote_engine_id"),
+                params.get(wire.REMOTE_ENGINE_ID),
             )
-        params["remote_num_tokens"] = loadable
+        params[wire.REMOTE_NUM_TOKENS] = loadable
 
     def _verified_tokens(self, request: Request, params: dict[str, Any], held: int) -> int:
         """The held tokens the prompt really shares; none without a usable fingerprint."""
@@ -153,7 +151,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
 
     def on_new_request(self, request: Request) -> None:
         super().on_new_request(request)
-        for req_id in wire.release_ids(request.kv_transfer_params):
+        for req_id in release_ids(request.kv_transfer_params):
             self._release(req_id)
 
     def request_finished(
@@ -162,9 +160,9 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         delay_free, params = super().request_finished(request, block_ids)
         self._loading.discard(request.request_id)
         request_params = request.kv_transfer_params or {}
-        if delay_free and params is not None and params.get("do_remote_decode"):
+        if delay_free and params is not None and params.get(wire.DO_REMOTE_DECODE):
             delay_free = self._retain(request, params, request_params)
-        ticket = wire.ticket(request_params)
+        ticket = requested_ticket(request_params)
         if ticket is not None and params is not None and self._reporter is not None:
             self._reporter.submit(ticket, params)
         return delay_free, params
@@ -189,7 +187,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         seconds = (
             0.0  # a release request is plumbing: nothing of it is worth keeping
             if wire.RELEASE in request_params
-            else wire.retention_seconds(
+            else retention_seconds(
                 request_params,
                 default=self._settings.default_retention_seconds,
                 maximum=self._settings.max_retention_seconds,
@@ -200,7 +198,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         params[wire.EXPIRES_AT] = time.time() + seconds
         # Upstream's own expiry field, which P's worker checks before reading: an already
         # past deadline makes P decline (and recompute) instead of reading freed blocks.
-        params["remote_blocks_expiry_time"] = now + seconds
+        params[wire.REMOTE_BLOCKS_EXPIRY_TIME] = now + seconds
         if seconds == 0:
             self._reqs_need_send.pop(req_id, None)
             self._reqs_not_processed.add(req_id)
@@ -211,7 +209,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         # otherwise keep its blocks forever. Announcing it again is harmless.
         self._reqs_in_batch.add(req_id)
         self._retained.add(req_id)
-        held_tokens = request.all_token_ids[: params.get("remote_num_tokens") or 0]
+        held_tokens = request.all_token_ids[: params.get(wire.REMOTE_NUM_TOKENS) or 0]
         params.update(PrefixFingerprint.of(held_tokens, self.block_size).to_params())
         return True
 
@@ -244,9 +242,9 @@ def _pulls_holding(params: dict[str, Any] | None) -> bool:
     """True for a prefill request that names a decode engine's retained blocks."""
     return bool(
         params
-        and params.get("do_remote_decode")
-        and params.get("remote_block_ids")
-        and params.get("remote_engine_id")
+        and params.get(wire.DO_REMOTE_DECODE)
+        and params.get(wire.REMOTE_BLOCK_IDS)
+        and params.get(wire.REMOTE_ENGINE_ID)
     )
 
 
@@ -257,8 +255,8 @@ def _clip_remote_blocks(params: dict[str, Any], *, loaded_tokens: int) -> None:
     has), which is right only when the lists cover the same tokens: a holding longer than
     what P loads would otherwise be read from its tail.
     """
-    block_size = int(params.get(BLOCK_SIZE_KEY) or 0)
+    block_size = int(params.get(wire.HASH_BLOCK_SIZE) or 0)
     if block_size < 1:
         return
     keep = cdiv(loaded_tokens, block_size)
-    params["remote_block_ids"] = [list(group)[:keep] for group in params["remote_block_ids"]]
+    params[wire.REMOTE_BLOCK_IDS] = [list(group)[:keep] for group in params[wire.REMOTE_BLOCK_IDS]]

@@ -12,15 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentkv_server import wire
 from agentkv_server.errors import ConfigError
 
 __all__ = ["DEFAULT_RETENTION_SECONDS", "ConnectorSettings"]
 
 # Upstream's ``decoder_kv_blocks_ttl`` default: how long D keeps a finished request's blocks.
 DEFAULT_RETENTION_SECONDS: Final = 480.0
-
-ROUTER_URL_ENV: Final = "AGENTKV_ROUTER_URL"
-SECRET_ENV: Final = "AGENTKV_SECRET"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +70,7 @@ class ConnectorSettings:
         """Where finished holdings are reported (docs/protocol.md section 5), if anywhere."""
         if not self.router_url:
             return None
-        return self.router_url.rstrip("/") + "/internal/v1/kv-holdings"
+        return self.router_url.rstrip("/") + wire.REPORT_PATH
 
     @classmethod
     def from_extra_config(
@@ -83,16 +81,16 @@ class ConnectorSettings:
         return cls(
             default_retention_seconds=default_retention,
             max_retention_seconds=float(
-                extra.get("agentkv_max_retention_seconds", default_retention)
+                extra.get(wire.EXTRA_MAX_RETENTION_SECONDS, default_retention)
             ),
-            router_url=extra.get("agentkv_router_url") or environ.get(ROUTER_URL_ENV) or None,
-            secret=extra.get("agentkv_secret") or environ.get(SECRET_ENV) or None,
-            report_queue_size=int(extra.get("agentkv_report_queue_size", 1024)),
-            report_timeout_seconds=float(extra.get("agentkv_report_timeout_seconds", 2.0)),
-            pull_timeout_seconds=float(extra.get("agentkv_pull_timeout_seconds", 30.0)),
-            nixl_progress_delay_us=int(extra.get("agentkv_nixl_progress_delay_us", 10_000)),
-            demote_transfer_threads=bool(extra.get("agentkv_demote_transfer_threads", True)),
-            idle_grace_seconds=float(extra.get("agentkv_idle_grace_ms", 100.0)) / 1000,
-            idle_sleep_seconds=float(extra.get("agentkv_idle_sleep_ms", 5.0)) / 1000,
-            idle_max_wait_seconds=float(extra.get("agentkv_idle_max_wait_ms", 30_000.0)) / 1000,
+            router_url=extra.get(wire.EXTRA_ROUTER_URL) or environ.get(wire.ROUTER_URL_ENV) or None,
+            secret=extra.get(wire.EXTRA_SECRET) or environ.get(wire.SECRET_ENV) or None,
+            report_queue_size=int(extra.get(wire.EXTRA_REPORT_QUEUE_SIZE, 1024)),
+            report_timeout_seconds=float(extra.get(wire.EXTRA_REPORT_TIMEOUT_SECONDS, 2.0)),
+            pull_timeout_seconds=float(extra.get(wire.EXTRA_PULL_TIMEOUT_SECONDS, 30.0)),
+            nixl_progress_delay_us=int(extra.get(wire.EXTRA_NIXL_PROGRESS_DELAY_US, 10_000)),
+            demote_transfer_threads=bool(extra.get(wire.EXTRA_DEMOTE_TRANSFER_THREADS, True)),
+            idle_grace_seconds=float(extra.get(wire.EXTRA_IDLE_GRACE_MS, 100.0)) / 1000,
+            idle_sleep_seconds=float(extra.get(wire.EXTRA_IDLE_SLEEP_MS, 5.0)) / 1000,
+            idle_max_wait_seconds=float(extra.get(wire.EXTRA_IDLE_MAX_WAIT_MS, 30_000.0)) / 1000,
         )

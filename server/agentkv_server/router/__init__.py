@@ -22,6 +22,7 @@ from agentkv_server.router.policy import (
 from agentkv_server.router.redis_store import RedisStore
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, InMemoryStore, SessionStore, Ticket
+from agentkv_server.router.turn import KVPath, TurnHints
 
 __all__ = [
     "AccessPolicy",
@@ -30,6 +31,7 @@ __all__ = [
     "Decision",
     "Holding",
     "InMemoryStore",
+    "KVPath",
     "NeverPolicy",
     "PrefillSample",
     "RedisStore",
@@ -40,6 +42,7 @@ __all__ = [
     "RouterState",
     "SessionStore",
     "Ticket",
+    "TurnHints",
     "TurnLoad",
     "UpstreamPolicy",
     "create_app",

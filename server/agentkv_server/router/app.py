@@ -28,14 +28,15 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentkv import protocol
+from agentkv_server import wire
+from agentkv_server.router import codec
 from agentkv_server.router.auth import (
-    HEADER_SECRET,
     METRICS_PATH,
-    REPORT_PATH,
     AccessPolicy,
     session_key,
 )
 from agentkv_server.router.errors import RouterError, install_error_handlers
+from agentkv_server.router.fastpath import FastRoutes
 from agentkv_server.router.formats import Endpoint
 from agentkv_server.router.guard import TENANT_STATE, RequestGuard
 from agentkv_server.router.holdings import HoldingKeeper
@@ -49,7 +50,7 @@ from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
 from agentkv_server.settings import Settings
 
-__all__ = ["HEADER_SECRET", "REPORT_PATH", "RouterState", "create_app"]
+__all__ = ["RouterState", "create_app"]
 
 
 @dataclass
@@ -91,6 +92,7 @@ def create_app(
         title="agentkv router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     install_error_handlers(app)
+    app.add_middleware(FastRoutes, routes=_FAST_ROUTES)  # inside the guard: it runs first
     app.add_middleware(
         RequestGuard,
         policy=AccessPolicy(
@@ -108,6 +110,7 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
     http = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
         raise_for_status=False,
+        json_serialize=codec.dumps_text,
     )
     metrics = RouterMetrics()
     resilient = ResilientStore(
@@ -166,6 +169,44 @@ async def _serve_turn(request: Request, endpoint: Endpoint) -> Response:
     return await state.orchestrator.serve(turn, started)
 
 
+async def _chat_completions(request: Request) -> Response:
+    return await _serve_turn(request, "chat")
+
+
+async def _completions(request: Request) -> Response:
+    return await _serve_turn(request, "completion")
+
+
+async def _responses(request: Request) -> Response:
+    return await _serve_turn(request, "responses")
+
+
+async def _report_holding(request: Request) -> Response:
+    # The guard has checked the shared secret.
+    state = _state(request)
+    report = await read_json(request, state.settings.max_body_bytes)
+    if not (
+        isinstance(report.get(wire.REPORT_TICKET), str)
+        and isinstance(report.get(wire.KV_TRANSFER_PARAMS), dict)
+    ):
+        raise RouterError(
+            400,
+            "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
+            code="invalid_report",
+        )
+    await state.keeper.record(report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS])
+    return Response(status_code=204)
+
+
+_FAST_ROUTES = {
+    "/v1/chat/completions": _chat_completions,
+    "/v1/completions": _completions,
+    "/v1/responses": _responses,
+    wire.REPORT_PATH: _report_holding,
+}
+"""The POST routes of every turn, served by :class:`FastRoutes` ahead of FastAPI's routing."""
+
+
 def _state(request: Request) -> RouterState:
     return request.app.state.router
 
@@ -175,18 +216,6 @@ def _tenant(request: Request) -> str | None:
 
 
 def _add_routes(app: FastAPI) -> None:
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _serve_turn(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _serve_turn(request, "completion")
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await _serve_turn(request, "responses")
-
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         state = _state(request)
@@ -235,23 +264,6 @@ def _add_routes(app: FastAPI) -> None:
             "released_tokens": holding.num_tokens if released else 0,
         }
         return JSONResponse(body)
-
-    @app.post(REPORT_PATH, status_code=204)
-    async def report_holding(request: Request) -> Response:
-        # The guard has checked the shared secret.
-        state = _state(request)
-        report = await read_json(request, state.settings.max_body_bytes)
-        if not (
-            isinstance(report.get("ticket"), str)
-            and isinstance(report.get("kv_transfer_params"), dict)
-        ):
-            raise RouterError(
-                400,
-                "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
-                code="invalid_report",
-            )
-        await state.keeper.record(report["ticket"], report["kv_transfer_params"])
-        return Response(status_code=204)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -23,19 +23,16 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from agentkv_server.router.errors import RouterError
+from agentkv_server.wire import REPORT_PATH, SECRET_HEADER
 
 __all__ = [
-    "HEADER_SECRET",
     "METRICS_PATH",
-    "REPORT_PATH",
     "Access",
     "AccessPolicy",
     "session_key",
     "tenant_id",
 ]
 
-HEADER_SECRET = "x-agentkv-secret"
-REPORT_PATH = "/internal/v1/kv-holdings"
 METRICS_PATH = "/metrics"
 _PUBLIC_PATHS = frozenset({"/health"})
 # Not a session id character (docs/protocol.md section 1): "<tenant>#<id>" never equals an id.
@@ -79,10 +76,10 @@ class AccessPolicy:
         """The request's tenant (None: anonymous or not a tenant request); RouterError 401."""
         access = self.access(path)
         if access == "operator":
-            offered = headers.get(HEADER_SECRET) or _bearer(headers.get("authorization"))
+            offered = headers.get(SECRET_HEADER) or _bearer(headers.get("authorization"))
             if offered is None or not secrets.compare_digest(_digest(offered), self._secret):
                 raise _unauthorized(
-                    f"Missing or wrong {HEADER_SECRET}.", "authentication_error", "invalid_secret"
+                    f"Missing or wrong {SECRET_HEADER}.", "authentication_error", "invalid_secret"
                 )
             return None
         if access == "public" or not self.authenticates:

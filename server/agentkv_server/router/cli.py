@@ -14,16 +14,17 @@ import ipaddress
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from agentkv_server.errors import ConfigError
 from agentkv_server.settings import (
-    ENV_PREFIX,
+    PolicyName,
     Settings,
     environment_settings,
     load_settings,
     read_config_file,
 )
+from agentkv_server.wire import API_KEYS_ENV, SECRET_ENV
 
 __all__ = [
     "DEPRECATED_OPTIONS",
@@ -47,9 +48,6 @@ DEPRECATED_OPTIONS = {
 }
 """Old spellings that still work (``agentkv`` warns): old -> new."""
 
-SECRET_ENV = f"{ENV_PREFIX}SECRET"
-API_KEYS_ENV = f"{ENV_PREFIX}API_KEYS"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The router's options (engine URLs excluded: ``agentkv serve`` starts its own engines)."""
@@ -71,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policy",
-        choices=("agentkv", "upstream", "never", "always"),
+        choices=get_args(PolicyName),
         help="reuse policy: cost model (default), vLLM's example proxy, never, or always "
         "(pull every live holding)",
     )

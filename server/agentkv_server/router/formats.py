@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from agentkv_server import wire
 from agentkv_server.router.errors import RouterError
 
 __all__ = [
@@ -143,7 +144,7 @@ class _ResponsesStreamEditor:
             response = data.get("response") if isinstance(data, dict) else None
             if not isinstance(response, dict):
                 return event
-            params = response.pop("kv_transfer_params", None)
+            params = response.pop(wire.KV_TRANSFER_PARAMS, None)
             if isinstance(params, dict):
                 self.kv_transfer_params = params
             lines[index] = b"data: " + json.dumps(data, separators=(",", ":")).encode()
@@ -244,7 +245,7 @@ class _Responses:
             raise invalid_parameter("max_output_tokens", "must be a positive integer")
 
     def prefill_body(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-        return {**body, "stream": False, "max_output_tokens": 1, "kv_transfer_params": params}
+        return {**body, "stream": False, "max_output_tokens": 1, wire.KV_TRANSFER_PARAMS: params}
 
     def prompt_usage(self, answer: dict[str, Any]) -> PromptUsage:
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}

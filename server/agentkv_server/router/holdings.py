@@ -1,4 +1,7 @@
-"""Keeping holdings: issuing tickets, recording what decode engines report, releasing KV.
+"""Keeping holdings: the session lifecycle over the session store.
+
+The orchestrator and the app go through the keeper only: it takes a session's holding for a
+turn, issues tickets, records what decode engines report, ends sessions and releases KV.
 
 A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
@@ -12,11 +15,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 import aiohttp
 
+from agentkv_server import wire
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
@@ -27,10 +31,12 @@ logger = logging.getLogger(__name__)
 # Tickets whose report nobody awaited (their turn failed, or answered in JSON) are dropped
 # oldest first beyond this many.
 _MAX_AWAITED_TICKETS = 4096
+# Releases within this long of each other go to their engine as one request.
+_RELEASE_BATCH_S = 0.005
 
 
 class HoldingKeeper:
-    """The router's side of the holdings protocol, over the session store."""
+    """The router's side of the holdings protocol, over the session store (its only user)."""
 
     def __init__(
         self,
@@ -41,7 +47,7 @@ class HoldingKeeper:
         release_timeout_s: float,
         releases_enabled: bool,
     ) -> None:
-        self.store = store
+        self._store = store
         self._http = http
         self._safety_margin_s = safety_margin_s
         self._release_timeout = aiohttp.ClientTimeout(total=release_timeout_s)
@@ -49,19 +55,31 @@ class HoldingKeeper:
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
         self._unrecorded: dict[str, asyncio.Event] = {}
+        # Request ids to release, by (decode engine, model), and the task that will send them.
+        self._pending: dict[tuple[str, str], list[str]] = {}
+        self._flush: asyncio.Task[None] | None = None
+
+    @property
+    def keeps_holdings(self) -> bool:
+        """False while the store is out: nothing could record a turn's KV, so keep none."""
+        return self._store.available
+
+    async def take(self, session_key: str) -> Holding | None:
+        """The session's holding for this turn; a concurrent turn of the session gets none."""
+        return await self._store.take(session_key)
 
     async def issue(
-        self, session_id: str, decode_url: str, model: str, retention_s: float
+        self, session_key: str, decode_url: str, model: str, retention_s: float
     ) -> Ticket:
         ticket = Ticket(
             ticket=uuid.uuid4().hex,
-            session_id=session_id,
+            session_key=session_key,
             decode_url=decode_url,
             model=model,
             issued_at=time.time(),
             retention_s=retention_s,
         )
-        await self.store.add_ticket(ticket)
+        await self._store.add_ticket(ticket)
         if len(self._unrecorded) >= _MAX_AWAITED_TICKETS:
             del self._unrecorded[next(iter(self._unrecorded))]
         self._unrecorded[ticket.ticket] = asyncio.Event()
@@ -95,7 +113,7 @@ class HoldingKeeper:
         recorded = self._unrecorded.pop(ticket_id, None)
         if recorded is not None:
             recorded.set()
-        ticket = await self.store.pop_ticket(ticket_id)
+        ticket = await self._store.pop_ticket(ticket_id)
         if ticket is None:
             return None
         holding = holding_from_params(
@@ -103,45 +121,68 @@ class HoldingKeeper:
         )
         if holding is None:
             return None
-        losers = await self.store.offer(holding)
+        losers = await self._store.offer(holding)
         self.release_soon(losers)
         return None if holding in losers else holding
 
-    async def end(self, key: str) -> tuple[Holding | None, bool]:
+    async def end(self, session_key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
-        holding = await self.store.end(key, time.time())
+        holding = await self._store.end(session_key, time.time())
         if holding is None:
             return None, False
         return holding, await self.release(holding)
 
+    async def end_soon(self, session_key: str) -> None:
+        """After a session's last turn: refuse holdings of turns still in flight, and free any
+        kept in the background."""
+        holding = await self._store.end(session_key, time.time())
+        if holding is not None:
+            self.release_soon([holding])
+
     def release_soon(self, holdings: Iterable[Holding]) -> None:
+        """Release in the background, one request per engine for what is released within
+        ``_RELEASE_BATCH_S`` of each other (under load, most turns release a holding)."""
+        if not self._releases_enabled:
+            return
         for holding in holdings:
-            task = asyncio.create_task(self.release(holding))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            if request_ids := holding.request_ids():
+                pending = self._pending.setdefault((holding.decode_url, holding.model), [])
+                pending.extend(request_ids)
+        if self._pending and self._flush is None:
+            self._flush = self._in_background(self._release_pending())
+
+    async def _release_pending(self) -> None:
+        await asyncio.sleep(_RELEASE_BATCH_S)
+        pending, self._pending, self._flush = self._pending, {}, None
+        for (decode_url, model), request_ids in pending.items():
+            self._in_background(self._release(decode_url, model, request_ids))
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def release(self, holding: Holding) -> bool:
-        """Ask the holding's decode engine to free its blocks; False if it could not."""
+        """Ask the holding's decode engine to free its blocks now; False if it could not."""
         request_ids = holding.request_ids()
         if not self._releases_enabled or not request_ids:
             return False
-        body = {
-            "model": holding.model,
-            "prompt": ".",
-            "max_tokens": 1,
-            "kv_transfer_params": {"agentkv_release": request_ids},
-        }
+        return await self._release(holding.decode_url, holding.model, request_ids)
+
+    async def _release(self, decode_url: str, model: str, request_ids: list[str]) -> bool:
+        body = wire.release_body(model, request_ids)
         try:
             async with self._http.post(
-                f"{holding.decode_url}/v1/completions", json=body, timeout=self._release_timeout
+                f"{decode_url}/v1/completions", json=body, timeout=self._release_timeout
             ) as response:
                 released = response.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            logger.debug("release on %s failed: %r", holding.decode_url, exc)
+            logger.debug("release on %s failed: %r", decode_url, exc)
             return False
         return released
 
     async def drain(self) -> None:
         """Wait for background releases (at shutdown)."""
-        if self._background:
+        while self._background:  # a batch's flush starts the batch's requests
             await asyncio.gather(*self._background, return_exceptions=True)

@@ -8,7 +8,6 @@ the router may set.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -18,30 +17,22 @@ from typing import Any
 from starlette.requests import Request
 
 from agentkv import protocol
+from agentkv_server import wire
+from agentkv_server.router import codec
 from agentkv_server.router.auth import session_key
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_format
+from agentkv_server.router.turn import TurnHints
 
-__all__ = ["ClientRequest", "Endpoint", "TurnHints", "read_json", "read_request"]
+__all__ = ["ClientRequest", "Endpoint", "read_json", "read_request"]
 
 # Body fields the router consumes; engines never see them.
-_STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, "kv_transfer_params")
+_STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, wire.KV_TRANSFER_PARAMS)
 # Client headers worth passing on to engines (an engine started with --api-key checks it).
 _FORWARDED_HEADERS = ("authorization",)
 # RFC 9110 5.5: no control characters but tab in a field value (aiohttp refuses to send them).
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
-
-
-@dataclass(frozen=True)
-class TurnHints:
-    """What the client told the router about this turn (docs/protocol.md section 2)."""
-
-    turn: int | None = None
-    tool_continuation: bool = False
-    next_turn_seconds: float | None = None
-    session_end: bool = False
-    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +119,7 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     # ValueError also covers undecodable bytes, NaN/Infinity (not JSON, and engines refuse
     # them) and integers past Python's digit limit; RecursionError, absurdly deep nesting.
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant)
+        body = codec.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise RouterError(
             400, f"Request body is not valid JSON: {_short(exc)}", code="invalid_json"

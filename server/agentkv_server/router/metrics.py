@@ -13,18 +13,11 @@ Each app owns a registry, so several routers (tests, replicas in one process) ne
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["ErrorKind", "KVPath", "RouterMetrics"]
+from agentkv_server.router.turn import ErrorKind, KVPath
 
-KVPath = Literal["local", "reuse", "recompute", "fallback"]
-"""``local``: the turn continued on its decode holder (no prefill step, no transfer)."""
-ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall", "hang"]
-"""``stall``: a step whose engine answered but made no progress (docs/faults.md), or a prefill
-step that pulled KV ran past ``timeouts.pull_s`` (then P is not blamed); ``hang``: a step whose
-engine stopped answering progress probes."""
+__all__ = ["RouterMetrics"]
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -77,12 +70,17 @@ class RouterMetrics:
             ["op"],
             registry=self.registry,
         )
-        for path in ("local", "reuse", "recompute", "fallback"):
-            self.turns.labels(path=path)
+        # Each path's children, looked up once rather than per turn (a path's TTFT series
+        # appears with its first turn, as before).
+        self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
+        self._ttft_by_path: dict[KVPath, Histogram] = {}
 
     def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:
-        self.turns.labels(path=path).inc()
-        self.ttft.labels(path=path).observe(ttft_s)
+        self._turns_by_path[path].inc()
+        ttft = self._ttft_by_path.get(path)
+        if ttft is None:
+            ttft = self._ttft_by_path[path] = self.ttft.labels(path=path.value)
+        ttft.observe(ttft_s)
         self.reused_tokens.inc(reused)
         self.recomputed_tokens.inc(recomputed)
 

@@ -27,87 +27,29 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
-from agentkv import protocol
+from agentkv_server import wire
+from agentkv_server.router.codec import JSONBytesResponse
 from agentkv_server.router.errors import RouterError
-from agentkv_server.router.formats import StreamEditor, WireFormat, wire_format
+from agentkv_server.router.formats import StreamEditor
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.intake import ClientRequest
-from agentkv_server.router.metrics import KVPath, RouterMetrics
+from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import PrefillSample, ReusePolicy, TurnLoad
-from agentkv_server.router.sessions import Holding
 from agentkv_server.router.tokens import count_prompt_tokens
+from agentkv_server.router.turn import KVPath, Turn
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
 from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings
 
-__all__ = ["COLD_PREFILL_PARAMS", "Orchestrator"]
+__all__ = ["Orchestrator"]
 
 logger = logging.getLogger(__name__)
-
-COLD_PREFILL_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
-
-@dataclass
-class _Turn:
-    """What the router knows about one turn as it goes."""
-
-    request: ClientRequest
-    started: float
-    holding: Holding | None = None
-    local: bool = False
-    reuse: bool = False
-    fallback: bool = False
-    pulled: bool = False
-    prompt_tokens: int | None = None
-    reused_tokens: int = 0
-    computed_tokens: int = 0
-    prefill_params: dict[str, Any] | None = None
-    failures: list[EngineFailure] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""
-
-    @property
-    def wire(self) -> WireFormat:
-        return wire_format(self.request.endpoint)
-
-    @property
-    def path(self) -> KVPath:
-        if self.fallback:
-            return "fallback"
-        if self.local:
-            return "local"
-        return "reuse" if self.pulled else "recompute"
-
-    def headers(self) -> dict[str, str]:
-        headers = {
-            protocol.HEADER_KV_PATH: self.path,
-            protocol.HEADER_REUSED_TOKENS: str(self.reused_tokens),
-            "server-timing": self.server_timing(),
-        }
-        if self.request.session_id is not None:
-            headers[protocol.HEADER_RESPONSE_SESSION_ID] = self.request.session_id
-        return headers
-
-    def server_timing(self) -> str:
-        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds)."""
-        return ", ".join(f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items())
-
-    def breakdown(self) -> str:
-        return " ".join(f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items())
 
 
 class Orchestrator:
@@ -146,7 +88,7 @@ class Orchestrator:
         )
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
-        turn = _Turn(request, started)
+        turn = Turn(request, started)
         await self._plan(turn)
         turn.phases["plan"] = time.monotonic() - started
         excluded: list[Engine] = []
@@ -164,28 +106,22 @@ class Orchestrator:
             turn.phases["prefill"] = time.monotonic() - began
         return await self._after(turn, await self._decode_step(turn, excluded))
 
-    async def _after(self, turn: _Turn, response: Response) -> Response:
+    async def _after(self, turn: Turn, response: Response) -> Response:
         request = turn.request
         if request.hints.session_end and request.session_key is not None:
-            await self._end_session(request.session_key)
+            await self._keeper.end_soon(request.session_key)
         return response
 
-    async def _end_session(self, key: str) -> None:
-        """After a session's last turn: refuse holdings of turns still in flight, free any kept."""
-        holding = await self._keeper.store.end(key, time.time())
-        if holding is not None:
-            self._keeper.release_soon([holding])
-
-    async def _plan(self, turn: _Turn) -> None:
+    async def _plan(self, turn: Turn) -> None:
         key = turn.request.session_key
         if key is None:
             return
-        holding = await self._keeper.store.take(key)
+        holding = await self._keeper.take(key)
         if holding is None:
             return
         turn.holding = holding
         holder = self._decode.get(holding.decode_url)
-        if holder is not None and (not holder.healthy or not holder.may_hold(holding.issued_at)):
+        if holder is not None and not holder.may_serve_holding(holding.issued_at):
             holder = None
         load = await self._turn_load(turn, holder) if holder is not None else None
         decision = self._policy.decide(holding, time.time(), load)
@@ -198,15 +134,14 @@ class Orchestrator:
             None if load is None else load.new_tokens,
             None if load is None else load.holder_running,
         )
-        if decision.path == "recompute":
+        if decision.path is KVPath.RECOMPUTE:
             return
         if holder is None or not await self._holder_answers(holder):
-            turn.fallback = True  # the holder cannot answer: a pull would wait on it
+            turn.fall_back()  # the holder cannot answer: a pull would wait on it
             return
-        turn.local = decision.path == "local"
-        turn.reuse = decision.path == "pull"
+        turn.path = decision.path
 
-    async def _turn_load(self, turn: _Turn, holder: Engine) -> TurnLoad | None:
+    async def _turn_load(self, turn: Turn, holder: Engine) -> TurnLoad | None:
         """The new part's size and the holder's load; None when the holder cannot count it."""
         if not self._policy.considers_local:
             return None
@@ -224,7 +159,7 @@ class Orchestrator:
         new_tokens = max(prompt_tokens - turn.holding.num_tokens, 0)
         return TurnLoad(new_tokens=new_tokens, holder_running=holder.inflight)
 
-    async def _local_step(self, turn: _Turn, excluded: list[Engine]) -> Response | None:
+    async def _local_step(self, turn: Turn, excluded: list[Engine]) -> Response | None:
         """The turn on its holder without a P step; None (now a fallback) if the holder failed
         before its first byte, with the holder added to ``excluded``."""
         assert turn.holding is not None
@@ -245,14 +180,14 @@ class Orchestrator:
                 self._keeper.release_soon([holding])
                 return self._passthrough(turn, failure)
             logger.warning("local turn on %s failed (%s): recomputing", holder.url, failure.kind)
-            turn.local, turn.fallback = False, True
+            turn.fall_back()
             excluded.append(holder)
             return None
         # The new request holds the history's blocks now (prefix hit): the old lease can go.
         self._keeper.release_soon([holding])
         return response
 
-    def _account_local(self, turn: _Turn, answer: dict[str, Any] | None) -> None:
+    def _account_local(self, turn: Turn, answer: dict[str, Any] | None) -> None:
         """Reused tokens of a local turn: the engine's cached count, else the holding's."""
         assert turn.holding is not None
         usage = turn.wire.prompt_usage(answer) if answer is not None else None
@@ -277,29 +212,20 @@ class Orchestrator:
         self._metrics.record_engine_error(holder.role, problem)
         return False
 
-    async def _prefill_step(self, turn: _Turn) -> None:
+    async def _prefill_step(self, turn: Turn) -> None:
         """Run P; leaves ``turn.prefill_params`` None when the turn must be served decode-only.
 
         Raises EngineFailure only when P refused the request itself (4xx on a cold step).
         """
         excluded: list[Engine] = []
         while (engine := self._prefill.pick(exclude=excluded)) is not None:
-            pulling = turn.reuse
+            pulling = turn.pulls
             params = self._prefill_params(turn)
             began = time.monotonic()
+            body = turn.wire.prefill_body(turn.request.body, params)
+            timeout = self._pull_timeout if pulling else self._prefill_timeout
             try:
-                with engine.busy():
-                    answer = await self._watchdog.run(
-                        engine,
-                        post_json(
-                            self._http,
-                            engine,
-                            turn.wire.path,
-                            turn.wire.prefill_body(turn.request.body, params),
-                            turn.request.headers,
-                            self._pull_timeout if pulling else self._prefill_timeout,
-                        ),
-                    )
+                answer = await self._post(turn, engine, body, timeout)
             except EngineFailure as failure:
                 # A pulling step out of time or progress has stalled on the KV path (a holder
                 # that died mid-transfer leaves P's request waiting): no reason to drop P.
@@ -308,23 +234,23 @@ class Orchestrator:
                 if failure.is_client_error and not pulling:
                     raise
                 if pulling:  # the pull may be what failed: retry cold, on this engine if it answers
-                    turn.reuse, turn.fallback = False, True
+                    turn.fall_back()
                 if (failure.engine_unreachable and not stalled) or not pulling:
                     excluded.append(engine)
                 continue
             self._account_prefill(turn, answer, time.monotonic() - began)
-            params = answer.get("kv_transfer_params")
+            params = answer.get(wire.KV_TRANSFER_PARAMS)
             turn.prefill_params = params if isinstance(params, dict) else {}
             return
-        if turn.reuse:
-            turn.reuse, turn.fallback = False, True
+        if turn.pulls:
+            turn.fall_back()
 
-    def _prefill_params(self, turn: _Turn) -> dict[str, Any]:
-        if turn.reuse and turn.holding is not None:
-            return {**turn.holding.params, "do_remote_decode": True}
-        return dict(COLD_PREFILL_PARAMS)
+    def _prefill_params(self, turn: Turn) -> dict[str, Any]:
+        if turn.pulls and turn.holding is not None:
+            return wire.pull_prefill_params(turn.holding.params)
+        return wire.cold_prefill_params()
 
-    def _account_prefill(self, turn: _Turn, answer: dict[str, Any], seconds: float) -> None:
+    def _account_prefill(self, turn: Turn, answer: dict[str, Any], seconds: float) -> None:
         """Reused and computed tokens from P's usage, and a rate sample for the policy.
 
         Reused tokens are P's ``prompt_tokens_details.cached_tokens`` when the engine reports
@@ -333,34 +259,34 @@ class Orchestrator:
         """
         usage = turn.wire.prompt_usage(answer)
         prompt_tokens, cached = usage.prompt_tokens, usage.cached_tokens
-        if turn.reuse and turn.holding is not None:
+        if turn.pulls and turn.holding is not None:
             planned = turn.holding.num_tokens
             if prompt_tokens is not None:
                 planned = min(planned, prompt_tokens)
             if cached is None:
-                turn.reused_tokens, turn.pulled = planned, True
+                turn.reused_tokens = planned
             elif cached * 2 < planned:
-                turn.fallback = True
+                turn.fall_back()
             else:
-                turn.reused_tokens, turn.pulled = min(cached, planned), True
+                turn.reused_tokens = min(cached, planned)
         if prompt_tokens is None:
             return
         already = cached if cached is not None else turn.reused_tokens
         turn.computed_tokens = max(prompt_tokens - already, 0)
         self._policy.observe(PrefillSample(turn.computed_tokens, turn.reused_tokens, seconds))
 
-    def _release_unpulled(self, turn: _Turn) -> None:
+    def _release_unpulled(self, turn: Turn) -> None:
         """A taken holding that this turn did not pull still occupies the holder: free it."""
-        if turn.holding is not None and not turn.pulled:
+        if turn.holding is not None and not turn.pulls:
             self._keeper.release_soon([turn.holding])
 
-    def _retention_s(self, turn: _Turn) -> float:
+    def _retention_s(self, turn: Turn) -> float:
         # Without the store nothing could record this turn's KV: ask the engine to keep none.
         request = turn.request
-        keep = request.session_key is not None and self._keeper.store.available
+        keep = request.session_key is not None and self._keeper.keeps_holdings
         return self._policy.retention_s(request.hints) if keep else 0.0
 
-    async def _decode_step(self, turn: _Turn, excluded: list[Engine]) -> Response:
+    async def _decode_step(self, turn: Turn, excluded: list[Engine]) -> Response:
         request = turn.request
         retention_s = self._retention_s(turn)
         prefer = turn.holding.decode_url if turn.holding is not None else None
@@ -385,7 +311,7 @@ class Orchestrator:
                     turn.prefill_params = None
         raise _unservable(turn)
 
-    async def _issue_ticket(self, turn: _Turn, engine: Engine, retention_s: float) -> str | None:
+    async def _issue_ticket(self, turn: Turn, engine: Engine, retention_s: float) -> str | None:
         """A ticket when this turn's KV is to be kept for the session's next turn."""
         key = turn.request.session_key
         if key is None or retention_s <= 0:
@@ -393,47 +319,47 @@ class Orchestrator:
         ticket = await self._keeper.issue(key, engine.url, turn.request.model, retention_s)
         return ticket.ticket
 
-    def _decode_body(self, turn: _Turn, retention_s: float, ticket: str | None) -> dict[str, Any]:
-        params = dict(turn.prefill_params or {})
-        if self._policy.sends_hints:
-            params["agentkv_retention_seconds"] = retention_s
-            if ticket is not None:
-                params["agentkv_ticket"] = ticket
+    def _decode_body(self, turn: Turn, retention_s: float, ticket: str | None) -> dict[str, Any]:
+        hints = self._policy.sends_hints
+        params = wire.decode_params(
+            turn.prefill_params,
+            retention_s=retention_s if hints else None,
+            ticket=ticket if hints else None,
+        )
         if not params:
             return turn.request.body
-        return {**turn.request.body, "kv_transfer_params": params}
+        return {**turn.request.body, wire.KV_TRANSFER_PARAMS: params}
+
+    async def _post(
+        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: aiohttp.ClientTimeout
+    ) -> dict[str, Any]:
+        """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
+        with engine.busy():
+            return await self._watchdog.run(
+                engine,
+                post_json(self._http, engine, turn.wire.path, body, turn.request.headers, timeout),
+            )
 
     async def _complete(
-        self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
+        self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         began = time.monotonic()
-        with engine.busy():
-            answer = await self._watchdog.run(
-                engine,
-                post_json(
-                    self._http,
-                    engine,
-                    turn.wire.path,
-                    body,
-                    turn.request.headers,
-                    self._decode_timeout,
-                ),
-            )
+        answer = await self._post(turn, engine, body, self._decode_timeout)
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             self._account_local(turn, answer)
         self._record_turn(turn)
-        params = answer.pop("kv_transfer_params", None)
+        params = answer.pop(wire.KV_TRANSFER_PARAMS, None)
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
         _log_breakdown(turn)
-        return JSONResponse(answer, headers=turn.headers())
+        return JSONBytesResponse(answer, headers=turn.headers())
 
     async def _stream(
-        self, turn: _Turn, engine: Engine, body: dict[str, Any], ticket: str | None
+        self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         began = time.monotonic()
-        engine.inflight += 1
+        engine.request_started()
         try:
             stream = await self._watchdog.run(
                 engine,
@@ -449,7 +375,7 @@ class Orchestrator:
                 ),
             )
         except BaseException:
-            engine.inflight -= 1
+            engine.request_finished()
             raise
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
@@ -463,7 +389,7 @@ class Orchestrator:
 
     async def _relay(
         self,
-        turn: _Turn,
+        turn: Turn,
         stream: DecodeStream,
         engine: Engine,
         ticket: str | None,
@@ -490,7 +416,7 @@ class Orchestrator:
             engine.mark_suspect()
         finally:
             stream.close()
-            engine.inflight -= 1
+            engine.request_finished()
             _log_breakdown(turn)
 
     async def _hold_back_final(self, ticket: str, params: dict[str, Any] | None) -> None:
@@ -499,30 +425,29 @@ class Orchestrator:
         recompute."""
         if params is not None:
             await self._keeper.record(ticket, params)
+        elif not self._policy.sends_hints:
+            return  # engines sent no ticket never report: waiting would only delay the end
         await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
 
-    def _record_turn(self, turn: _Turn) -> None:
+    def _record_turn(self, turn: Turn) -> None:
         self._metrics.record_turn(
             turn.path, time.monotonic() - turn.started, turn.reused_tokens, turn.computed_tokens
         )
 
-    def _note_failure(self, turn: _Turn, failure: EngineFailure, *, stalled: bool = False) -> None:
+    def _note_failure(self, turn: Turn, failure: EngineFailure, *, stalled: bool = False) -> None:
         turn.failures.append(failure)
         if stalled:
             logger.warning("%s: the pull stalled; recomputing instead", failure)
             self._metrics.record_engine_error(failure.engine.role, "stall")
             return
         self._metrics.record_engine_error(failure.engine.role, failure.kind)
-        if failure.kind == "connect":
-            logger.debug("%s", failure)
-            failure.engine.mark_lost()
-        elif failure.engine_stuck:
+        failure.engine.record_failure(failure.kind)
+        if failure.engine_stuck:
             logger.warning("%s: the engine is suspect until its health probe passes", failure)
-            failure.engine.mark_suspect()
         else:
             logger.debug("%s", failure)
 
-    def _passthrough(self, turn: _Turn, refused: EngineFailure) -> Response:
+    def _passthrough(self, turn: Turn, refused: EngineFailure) -> Response:
         """An engine's own 4xx, handed back as it wrote it."""
         return Response(
             refused.body,
@@ -532,7 +457,7 @@ class Orchestrator:
         )
 
 
-def _unservable(turn: _Turn) -> RouterError:
+def _unservable(turn: Turn) -> RouterError:
     if not turn.failures:
         return RouterError(
             503,
@@ -548,7 +473,9 @@ def _unservable(turn: _Turn) -> RouterError:
     )
 
 
-def _log_breakdown(turn: _Turn) -> None:
+def _log_breakdown(turn: Turn) -> None:
+    if not logger.isEnabledFor(logging.DEBUG):  # the breakdown is formatted before the call
+        return
     logger.debug(
         "session %s turn %s: %s reused=%d computed=%d",
         turn.request.session_id,

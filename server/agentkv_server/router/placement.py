@@ -22,7 +22,7 @@ from typing import Literal
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
+from agentkv_server.router.turn import STUCK, ErrorKind
 
 __all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
 
@@ -58,18 +58,37 @@ class Engine:
         self.healthy = False
         self.lost_at = time.time()
 
+    def record_failure(self, kind: ErrorKind) -> None:
+        """A step on this engine failed: lost on a refused connection, suspect when it answered
+        nothing in time or made no progress; unchanged when the answer itself was bad."""
+        if kind == "connect":
+            self.mark_lost()
+        elif kind in STUCK:
+            self.mark_suspect()
+
     def may_hold(self, issued_at: float) -> bool:
         """Whether KV recorded for a turn issued at ``issued_at`` can still be on the engine."""
         return issued_at > self.lost_at
 
+    def may_serve_holding(self, issued_at: float) -> bool:
+        """Healthy, and not lost since the holding was recorded: a turn may use its KV here."""
+        return self.healthy and self.may_hold(issued_at)
+
+    def request_started(self) -> None:
+        """Count a request in flight until :meth:`request_finished` (a stream outlives a block)."""
+        self.inflight += 1
+
+    def request_finished(self) -> None:
+        self.inflight -= 1
+
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """Count a request in flight for the duration of the block."""
-        self.inflight += 1
+        self.request_started()
         try:
             yield
         finally:
-            self.inflight -= 1
+            self.request_finished()
 
     def snapshot(self) -> dict[str, object]:
         return {"url": self.url, "healthy": self.healthy, "inflight": self.inflight}

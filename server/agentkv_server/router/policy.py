@@ -15,10 +15,10 @@ for tests of the KV path, and for operators who know pulling wins on their hardw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-from agentkv_server.router.intake import TurnHints
 from agentkv_server.router.sessions import Holding
+from agentkv_server.router.turn import KVPath, TurnHints
 from agentkv_server.settings import (
     CostModelSettings,
     LocalPathSettings,
@@ -33,7 +33,6 @@ __all__ = [
     "Decision",
     "LinearFit",
     "NeverPolicy",
-    "Path",
     "PrefillSample",
     "ReusePolicy",
     "TurnLoad",
@@ -46,20 +45,18 @@ __all__ = [
 _MIN_SECONDS_PER_TOKEN = 1e-7
 
 
-Path = Literal["local", "pull", "recompute"]
-
-
 @dataclass(frozen=True)
 class Decision:
     """Where a turn with a holding runs, and why (a reason label for logs and tests)."""
 
-    path: Path
+    path: KVPath
+    """``LOCAL``, ``PULL`` or ``RECOMPUTE``."""
     reason: str
 
     @property
     def reuse(self) -> bool:
         """Whether a prefill engine pulls the holding."""
-        return self.path == "pull"
+        return self.path is KVPath.PULL
 
 
 @dataclass(frozen=True)
@@ -130,7 +127,11 @@ class LinearFit:
         anchored = list(self._sums)
         _accumulate(anchored, 0.0, self._prior[0], self._ANCHOR_WEIGHT)
         w, wx, wxx, wy, wxy = anchored
-        slope = max((w * wxy - wx * wy) / (w * wxx - wx * wx), _MIN_SECONDS_PER_TOKEN)
+        spread = w * wxx - wx * wx
+        if spread <= 0.0:  # every measurement at zero tokens, as the anchor: no slope to fit
+            slope = self._prior[1]
+        else:
+            slope = max((w * wxy - wx * wy) / spread, _MIN_SECONDS_PER_TOKEN)
         return max((wy - slope * wx) / w, 0.0), slope
 
 
@@ -193,7 +194,7 @@ class CostModelPolicy:
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         remaining_s = holding.remaining_s(now)
         if remaining_s < self._cost.expiry_guard_s:
-            return Decision("recompute", "expiring")
+            return Decision(KVPath.RECOMPUTE, "expiring")
         held = holding.num_tokens
         new = load.new_tokens if load is not None else 0
         fixed = self._prefill.line()[0]
@@ -204,12 +205,12 @@ class CostModelPolicy:
             local_s = self.predicted_local_s(load.new_tokens)
             refused = self._local_refusal(load, local_s)
             if refused is None and local_s <= min(pull_s, recompute_s):
-                return Decision("local", "local_fastest")
+                return Decision(KVPath.LOCAL, "local_fastest")
         if remaining_s < self.predicted_pull_s(held) + self._cost.expiry_guard_s:
-            return Decision("recompute", "expiring")
+            return Decision(KVPath.RECOMPUTE, "expiring")
         if pull_s >= recompute_s:
-            return Decision("recompute", refused or "recompute_cheaper")
-        return Decision("pull", refused or "pull_cheaper")
+            return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
+        return Decision(KVPath.PULL, refused or "pull_cheaper")
 
     def _local_refusal(self, load: TurnLoad, local_s: float) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""
@@ -252,8 +253,8 @@ class AlwaysPolicy(CostModelPolicy):
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         if holding.remaining_s(now) < self._cost.expiry_guard_s:
-            return Decision("recompute", "expiring")
-        return Decision("pull", "always")
+            return Decision(KVPath.RECOMPUTE, "expiring")
+        return Decision(KVPath.PULL, "always")
 
 
 class UpstreamPolicy:
@@ -267,8 +268,8 @@ class UpstreamPolicy:
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         if holding.num_tokens < self.THRESHOLD_TOKENS:
-            return Decision("recompute", "below_threshold")
-        return Decision("pull", "threshold")
+            return Decision(KVPath.RECOMPUTE, "below_threshold")
+        return Decision(KVPath.PULL, "threshold")
 
     def retention_s(self, hints: TurnHints) -> float:
         return self.RETENTION_S
@@ -288,7 +289,7 @@ class NeverPolicy:
     considers_local = False
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
-        return Decision("recompute", "disabled")
+        return Decision(KVPath.RECOMPUTE, "disabled")
 
     def retention_s(self, hints: TurnHints) -> float:
         return 0.0

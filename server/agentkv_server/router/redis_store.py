@@ -72,17 +72,17 @@ class RedisStore:
         client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         return cls(client, **kwargs)
 
-    def _holding_key(self, session_id: str) -> str:
-        return f"{self._prefix}h:{session_id}"
+    def _holding_key(self, session_key: str) -> str:
+        return f"{self._prefix}h:{session_key}"
 
     @property
     def _index_key(self) -> str:
         return f"{self._prefix}index"
 
-    async def take(self, session_id: str) -> Holding | None:
+    async def take(self, session_key: str) -> Holding | None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.getdel(self._holding_key(session_id))
-            pipe.zrem(self._index_key, session_id)
+            pipe.getdel(self._holding_key(session_key))
+            pipe.zrem(self._index_key, session_key)
             raw, _ = await pipe.execute()
         return self._live(raw)
 
@@ -92,15 +92,15 @@ class RedisStore:
             return []
         raw_losers = await self._offer(
             keys=[
-                self._holding_key(holding.session_id),
-                f"{self._prefix}e:{holding.session_id}",
+                self._holding_key(holding.session_key),
+                f"{self._prefix}e:{holding.session_key}",
                 self._index_key,
             ],
             args=[
                 holding.to_json(),
                 repr(holding.issued_at),
                 ttl_ms,
-                holding.session_id,
+                holding.session_key,
                 repr(holding.expires_at),
                 self._max_sessions,
                 f"{self._prefix}h:",
@@ -108,11 +108,11 @@ class RedisStore:
         )
         return [loser for raw in raw_losers if (loser := self._live(raw)) is not None]
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
+    async def end(self, session_key: str, at: float) -> Holding | None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(f"{self._prefix}e:{session_id}", repr(at), px=self._ticket_ttl_ms)
-            pipe.getdel(self._holding_key(session_id))
-            pipe.zrem(self._index_key, session_id)
+            pipe.set(f"{self._prefix}e:{session_key}", repr(at), px=self._ticket_ttl_ms)
+            pipe.getdel(self._holding_key(session_key))
+            pipe.zrem(self._index_key, session_key)
             _, raw, _ = await pipe.execute()
         return self._live(raw)
 

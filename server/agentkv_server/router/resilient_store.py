@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -29,6 +30,19 @@ T = TypeVar("T")
 
 # Unreachable, timing out, or answering garbage (a value that no longer parses).
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError, ValueError, TypeError)
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(seconds: float, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` under a timeout, in the caller's task (wait_for makes a task per call)."""
+        async with asyncio.timeout(seconds):
+            return await call()
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _within(seconds: float, call: Callable[[], Awaitable[T]]) -> T:
+        return await asyncio.wait_for(call(), seconds)
 
 
 class ResilientStore:
@@ -56,14 +70,14 @@ class ResilientStore:
         """False while the router goes on without the store after a failure."""
         return self._down_until is None or self._clock() >= self._down_until
 
-    async def take(self, session_id: str) -> Holding | None:
-        return await self._call("take", lambda: self.inner.take(session_id), None)
+    async def take(self, session_key: str) -> Holding | None:
+        return await self._call("take", lambda: self.inner.take(session_key), None)
 
     async def offer(self, holding: Holding) -> list[Holding]:
         return await self._call("offer", lambda: self.inner.offer(holding), [holding])
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
-        return await self._call("end", lambda: self.inner.end(session_id, at), None)
+    async def end(self, session_key: str, at: float) -> Holding | None:
+        return await self._call("end", lambda: self.inner.end(session_key, at), None)
 
     async def add_ticket(self, ticket: Ticket) -> None:
         await self._call("add_ticket", lambda: self.inner.add_ticket(ticket), None)
@@ -81,7 +95,7 @@ class ResilientStore:
         if not self.available:
             return fallback
         try:
-            result = await asyncio.wait_for(call(), self._timeout_s)
+            result = await _within(self._timeout_s, call)
         except _FAILURES as exc:
             self._fail(op, exc)
             return fallback

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from agentkv_server import wire
+
 __all__ = [
     "Holding",
     "InMemoryStore",
@@ -33,9 +35,13 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Holding:
-    """KV a decode engine retains for a session's next turn."""
+    """KV a decode engine retains for a session's next turn.
 
-    session_id: str
+    ``session_key`` is the store's key: the client's session id within its tenant's namespace
+    (auth.session_key), never shown to clients.
+    """
+
+    session_key: str
     decode_url: str
     model: str
     params: dict[str, Any] = field(hash=False)
@@ -48,7 +54,7 @@ class Holding:
 
     def request_ids(self) -> list[str]:
         """The engine-side request ids whose blocks a release frees."""
-        request_id = self.params.get("remote_request_id")
+        request_id = self.params.get(wire.REMOTE_REQUEST_ID)
         return [request_id] if isinstance(request_id, str) else []
 
     def to_json(self) -> str:
@@ -56,7 +62,7 @@ class Holding:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Holding:
-        return cls(**json.loads(raw))
+        return cls(**_stored_fields(raw))
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ class Ticket:
     """One decode step awaiting its holding report."""
 
     ticket: str
-    session_id: str
+    session_key: str
     decode_url: str
     model: str
     issued_at: float
@@ -75,7 +81,16 @@ class Ticket:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Ticket:
-        return cls(**json.loads(raw))
+        return cls(**_stored_fields(raw))
+
+
+def _stored_fields(raw: str | bytes) -> dict[str, Any]:
+    """A stored record's fields; records of routers before the ``session_key`` rename read too,
+    so a rolling upgrade on a shared Redis keeps the sessions held at the switch."""
+    fields: dict[str, Any] = json.loads(raw)
+    if "session_id" in fields:
+        fields["session_key"] = fields.pop("session_id")
+    return fields
 
 
 def holding_from_params(
@@ -86,17 +101,17 @@ def holding_from_params(
     Expiry is the engine's own ``agentkv_expires_in_seconds`` when it reports one (an upstream
     engine does not: then the retention the router asked for), minus a safety margin.
     """
-    num_tokens = params.get("remote_num_tokens")
+    num_tokens = params.get(wire.REMOTE_NUM_TOKENS)
     if not isinstance(num_tokens, int) or num_tokens <= 0:
         return None
-    expires_in = params.get("agentkv_expires_in_seconds")
+    expires_in = params.get(wire.EXPIRES_IN_SECONDS)
     if not isinstance(expires_in, (int, float)) or isinstance(expires_in, bool):
         expires_in = ticket.retention_s
     expires_at = now + float(expires_in) - safety_margin_s
     if expires_at <= now:
         return None
     return Holding(
-        session_id=ticket.session_id,
+        session_key=ticket.session_key,
         decode_url=ticket.decode_url,
         model=ticket.model,
         params=dict(params),
@@ -109,7 +124,7 @@ def holding_from_params(
 class SessionStore(Protocol):
     """Where holdings and tickets live; every method is atomic."""
 
-    async def take(self, session_id: str) -> Holding | None:
+    async def take(self, session_key: str) -> Holding | None:
         """Remove and return the session's unexpired holding: one caller gets it, ever."""
 
     async def offer(self, holding: Holding) -> list[Holding]:
@@ -118,7 +133,7 @@ class SessionStore(Protocol):
         Returns the holdings that lost (replaced, refused or evicted), for release.
         """
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
+    async def end(self, session_key: str, at: float) -> Holding | None:
         """End a session: take its holding and refuse holdings from turns issued before ``at``."""
 
     async def add_ticket(self, ticket: Ticket) -> None: ...
@@ -181,24 +196,24 @@ class InMemoryStore:
         self._ended = _BoundedTTL(max_sessions, clock)
         self._tickets = _BoundedTTL(max_sessions, clock)
 
-    async def take(self, session_id: str) -> Holding | None:
-        return self._holdings.pop(session_id)
+    async def take(self, session_key: str) -> Holding | None:
+        return self._holdings.pop(session_key)
 
     async def offer(self, holding: Holding) -> list[Holding]:
-        ended_at = self._ended.get(holding.session_id)
-        current = self._holdings.get(holding.session_id)
+        ended_at = self._ended.get(holding.session_key)
+        current = self._holdings.get(holding.session_key)
         if (ended_at is not None and ended_at >= holding.issued_at) or (
             current is not None and current.issued_at > holding.issued_at
         ):
             return [holding]
-        evicted = self._holdings.put(holding.session_id, holding, holding.expires_at)
+        evicted = self._holdings.put(holding.session_key, holding, holding.expires_at)
         now = self._clock()
         losers = [current] if current is not None else []
         return losers + [old for old in evicted if old.expires_at > now]
 
-    async def end(self, session_id: str, at: float) -> Holding | None:
-        self._ended.put(session_id, at, self._clock() + self._ticket_ttl_s)
-        return self._holdings.pop(session_id)
+    async def end(self, session_key: str, at: float) -> Holding | None:
+        self._ended.put(session_key, at, self._clock() + self._ticket_ttl_s)
+        return self._holdings.pop(session_key)
 
     async def add_ticket(self, ticket: Ticket) -> None:
         self._tickets.put(ticket.ticket, ticket, self._clock() + self._ticket_ttl_s)

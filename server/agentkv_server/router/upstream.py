@@ -14,8 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
+from agentkv_server.router import codec
 from agentkv_server.router.placement import Engine
+from agentkv_server.router.turn import STUCK, UNREACHABLE, ErrorKind
 
 __all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
 
@@ -49,12 +50,12 @@ class EngineFailure(Exception):
 
     @property
     def engine_unreachable(self) -> bool:
-        return self.kind in ("connect", "timeout", "hang")
+        return self.kind in UNREACHABLE
 
     @property
     def engine_stuck(self) -> bool:
         """The engine answered nothing in time, or made no progress."""
-        return self.kind in ("timeout", "hang", "stall")
+        return self.kind in STUCK
 
 
 async def post_json(
@@ -79,7 +80,7 @@ async def post_json(
     except aiohttp.ClientError as exc:
         raise EngineFailure(engine, "protocol", str(exc)) from exc
     try:
-        answer = json.loads(raw)
+        answer = codec.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EngineFailure(engine, "protocol", f"answer is not JSON: {exc}") from exc
     if not isinstance(answer, dict):

@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import aiohttp
 
-from agentkv_server.router.metrics import ErrorKind
 from agentkv_server.router.placement import Engine, probe_health
+from agentkv_server.router.turn import ErrorKind
 from agentkv_server.router.upstream import EngineFailure
 from agentkv_server.settings import FaultSettings
 

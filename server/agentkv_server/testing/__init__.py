@@ -1,5 +1,6 @@
-"""Test doubles shipped with agentkv: stub engines that speak vLLM's OpenAI API and the
-kv_transfer_params protocol of docs/protocol.md, for unit tests, load tests and benchmarks."""
+"""Test doubles and oracles shipped with agentkv: stub engines that speak vLLM's OpenAI API and
+the kv_transfer_params protocol of docs/protocol.md, for unit tests, load tests and benchmarks;
+``probe``, which drives real engines by hand and judges reused KV against recomputed KV."""
 
 from agentkv_server.testing.harness import (
     InProcessRouter,

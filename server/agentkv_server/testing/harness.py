@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentkv_server.router.app import HEADER_SECRET, REPORT_PATH, RouterState, create_app
+from agentkv import protocol
+from agentkv_server import wire
+from agentkv_server.router.app import RouterState, create_app
 from agentkv_server.router.sessions import SessionStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing.stub_engine import StubCluster, StubEngine
@@ -63,7 +65,7 @@ class InProcessRouter:
         **body: Any,
     ) -> httpx.Response:
         """One chat turn; returns once the engines' holding reports are in."""
-        all_headers = {"x-session-id": session} if session else {}
+        all_headers = {protocol.HEADER_SESSION_ID: session} if session else {}
         all_headers.update(headers or {})
         payload = {"model": self.cluster.model, "messages": messages, "max_tokens": 4, **body}
         response = await self.client.post("/v1/chat/completions", json=payload, headers=all_headers)
@@ -79,7 +81,7 @@ class InProcessRouter:
         **body: Any,
     ) -> httpx.Response:
         """One Responses turn; returns once the engines' holding reports are in."""
-        all_headers = {"x-session-id": session} if session else {}
+        all_headers = {protocol.HEADER_SESSION_ID: session} if session else {}
         all_headers.update(headers or {})
         payload = {"model": self.cluster.model, "input": input, "max_output_tokens": 4, **body}
         response = await self.client.post("/v1/responses", json=payload, headers=all_headers)
@@ -89,7 +91,7 @@ class InProcessRouter:
     async def report(self, payload: dict[str, Any]) -> None:
         """Deliver a stub engine's holding report to this app, as a connector would."""
         response = await self.client.post(
-            REPORT_PATH, json=payload, headers={HEADER_SECRET: self.secret}
+            wire.REPORT_PATH, json=payload, headers={wire.SECRET_HEADER: self.secret}
         )
         response.raise_for_status()
 

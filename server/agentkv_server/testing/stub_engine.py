@@ -11,28 +11,40 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
   ``agentkv_retention_seconds`` (upstream's 480 s without it), returns the holding params with
   ``agentkv_expires_in_seconds``, and reports them through the cluster's reporter when the
   request carried an ``agentkv_ticket``;
-- ``agentkv_release`` frees retained requests at once.
+- ``agentkv_release`` frees retained requests at once;
+- a non-streamed request with a JSON-schema format is answered with a sample of the schema
+  (stub_shapes.py), so openai's ``parse`` helpers accept it.
 
 A token is one whitespace-separated word (chat: every message's content plus two per message
 for the template). Every request is recorded for assertions; faults can be queued. ``/metrics``
 counts prompt and generated tokens as vLLM's counters do; ``frozen`` makes the engine answer
 nothing at all (as a SIGSTOPped process) until it is cleared.
+
+This module is the HTTP server; the KV it simulates is in ``stub_kv``, the answers' shapes in
+``stub_shapes`` and the holding reports in ``stub_report``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
 from aiohttp import web
 
+from agentkv_server import wire
+from agentkv_server.testing.stub_kv import (
+    Retained,
+    holding_params,
+    prefill_params,
+    prefix_hit,
+    retention_s,
+    take_retained,
+)
+from agentkv_server.testing.stub_report import Reporter, deliver, http_reporter
 from agentkv_server.testing.stub_shapes import (
     MAX_TOKENS,
     answer_body,
@@ -40,10 +52,9 @@ from agentkv_server.testing.stub_shapes import (
     invalid_body,
     output_limit,
     stream_events,
+    structured_answer,
     stub_answer,
 )
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "Fault",
@@ -57,15 +68,9 @@ __all__ = [
     "stub_answer",
 ]
 
-Reporter = Callable[[dict[str, Any]], Awaitable[None]]
-"""Receives ``{"ticket": str, "kv_transfer_params": dict}`` when a ticketed request finishes."""
-
 Fault = Literal["error", "bad_request", "disconnect", "hang"]
 """What the next completion request suffers: HTTP 500, HTTP 400, a dropped connection, or no
 answer at all (until the client gives up)."""
-
-UPSTREAM_RETENTION_S = 480.0
-_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -76,22 +81,11 @@ class RecordedRequest:
 
     @property
     def kv_params(self) -> dict[str, Any]:
-        return self.body.get("kv_transfer_params") or {}
+        return self.body.get(wire.KV_TRANSFER_PARAMS) or {}
 
     @property
     def is_prefill(self) -> bool:
-        return bool(self.kv_params.get("do_remote_decode"))
-
-
-@dataclass
-class Retained:
-    """KV a decode engine keeps after a request finished."""
-
-    num_tokens: int
-    deadline: float
-
-    def alive(self) -> bool:
-        return time.monotonic() < self.deadline
+        return bool(self.kv_params.get(wire.DO_REMOTE_DECODE))
 
 
 @dataclass(eq=False)
@@ -102,6 +96,7 @@ class StubEngine:
     name: str
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     healthy: bool = True
+    record: bool = True  # keep every request in ``requests`` (off for long load runs)
     report_cached_tokens: bool = True
     delay_s: float = 0.0
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
@@ -132,8 +127,7 @@ class StubEngine:
         return [
             r
             for r in self.requests
-            if r.path.endswith(("completions", "responses"))
-            and "agentkv_release" not in r.kv_params
+            if r.path.endswith(("completions", "responses")) and wire.RELEASE not in r.kv_params
         ]
 
     async def start(self, port: int = 0) -> None:
@@ -165,6 +159,10 @@ class StubEngine:
         while self._reports:
             await asyncio.gather(*list(self._reports), return_exceptions=True)
 
+    def _record(self, request: web.Request, body: dict[str, Any]) -> None:
+        if self.record:
+            self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+
     async def _thaw(self) -> None:
         while self.frozen:
             await asyncio.sleep(0.01)
@@ -191,7 +189,7 @@ class StubEngine:
         """vLLM's ``POST /tokenize``: the prompt's tokens as a completion would see them."""
         await self._thaw()
         body = await request.json()
-        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        self._record(request, body)
         count = count_prompt_tokens(body)
         return web.json_response({"count": count, "max_model_len": MAX_TOKENS, "tokens": []})
 
@@ -203,7 +201,7 @@ class StubEngine:
             return _error(400, "request body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "request body is not a JSON object")
-        self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        self._record(request, body)
         if (problem := invalid_body(body)) is not None:
             return _error(400, problem)
         if self.faults:
@@ -212,10 +210,10 @@ class StubEngine:
                 return faulted
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        params = body.get("kv_transfer_params") or {}
-        if "agentkv_release" in params:
-            return self._release(params["agentkv_release"], body)
-        if params.get("do_remote_decode"):
+        params = body.get(wire.KV_TRANSFER_PARAMS) or {}
+        if wire.RELEASE in params:
+            return self._release(params[wire.RELEASE], body)
+        if params.get(wire.DO_REMOTE_DECODE):
             return await self._prefill(body, params)
         return await self._decode(request, body, params)
 
@@ -248,17 +246,7 @@ class StubEngine:
         await self._compute(prompt_tokens - cached)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += 1
-        request_id = f"p-{uuid.uuid4().hex}"
-        params = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": request_id,
-            "remote_block_ids": list(range(-(-prompt_tokens // _BLOCK_TOKENS))),
-            "remote_host": "127.0.0.1",
-            "remote_port": self.port,
-            "tp_size": 1,
-        }
+        params = prefill_params(self.engine_id, self.port, prompt_tokens)
         cached_reported = cached if self.report_cached_tokens else None
         return web.json_response(
             answer_body(body, "tok", prompt_tokens, 1, cached_reported, params)
@@ -266,67 +254,52 @@ class StubEngine:
 
     def _pull(self, params: dict[str, Any]) -> int:
         """Tokens pulled from the holder the params name; 0 (recompute) when it is gone."""
-        holder = self.cluster.by_engine_id(params.get("remote_engine_id"))
-        request_id = params.get("remote_request_id")
+        holder = self.cluster.by_engine_id(params.get(wire.REMOTE_ENGINE_ID))
+        request_id = params.get(wire.REMOTE_REQUEST_ID)
         if holder is None or not holder.running or not isinstance(request_id, str):
             return 0
-        entry = holder.retained.pop(request_id, None)
-        if entry is None or not entry.alive():
-            return 0
-        self.pulled.append((holder.engine_id, request_id, entry.num_tokens))
-        return entry.num_tokens
+        tokens = take_retained(holder.retained, request_id)
+        if tokens:
+            self.pulled.append((holder.engine_id, request_id, tokens))
+        return tokens
 
     async def _decode(
         self, request: web.Request, body: dict[str, Any], params: dict[str, Any]
     ) -> web.StreamResponse:
         prompt_tokens = count_prompt_tokens(body)
         cached = 0
-        if not params.get("do_remote_prefill"):  # decode-only serving prefills locally
-            cached = self._prefix_hit(prompt_tokens)
+        if not params.get(wire.DO_REMOTE_PREFILL):  # decode-only serving prefills locally
+            cached = prefix_hit(self.retained, prompt_tokens)
             await self._compute(prompt_tokens - cached)
         n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
-        ticket = params.get("agentkv_ticket")
+        ticket = params.get(wire.TICKET)
         if body.get("stream"):
             response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
         else:
             reported = cached if self.report_cached_tokens and cached else None
-            answer = answer_body(body, stub_answer(n), prompt_tokens, n, reported, holding)
+            structured = structured_answer(body)
+            text = stub_answer(n) if structured is None else structured
+            answer = answer_body(
+                body, text, prompt_tokens, n, reported, holding, finished=structured is not None
+            )
             response = web.json_response(answer)
         if ticket and holding is not None:
-            self._report({"ticket": ticket, "kv_transfer_params": holding})
+            self._report(wire.holding_report(ticket, holding))
         return response
 
-    def _prefix_hit(self, prompt_tokens: int) -> int:
-        """Tokens this engine's prefix cache covers: its longest live retained request's, as
-        a stand-in for vLLM's block hashes (the stub does not compare token contents)."""
-        held = [entry.num_tokens for entry in self.retained.values() if entry.alive()]
-        return min(max(held, default=0), prompt_tokens)
-
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
-        retention = params.get("agentkv_retention_seconds")
-        if retention is None:
-            retention = UPSTREAM_RETENTION_S if params.get("do_remote_prefill") else 0.0
+        retention = retention_s(params)
         if retention <= 0:
             return None
         request_id = f"d-{uuid.uuid4().hex}"
         self.retained[request_id] = Retained(num_tokens, time.monotonic() + retention)
-        holding = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": request_id,
-            "remote_block_ids": list(range(-(-num_tokens // _BLOCK_TOKENS))),
-            "remote_host": "127.0.0.1",
-            "remote_port": self.port,
-            "remote_num_tokens": num_tokens,
-            "remote_blocks_expiry_time": time.perf_counter() + retention,
-        }
-        if "agentkv_retention_seconds" in params:
-            holding["agentkv_expires_in_seconds"] = float(retention)
-        return holding
+        hinted = wire.RETENTION_SECONDS in params
+        return holding_params(
+            self.engine_id, self.port, request_id, num_tokens, retention, hinted=hinted
+        )
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -342,7 +315,7 @@ class StubEngine:
         reporter = self.cluster.reporter
         if reporter is None:
             return
-        task = asyncio.create_task(_deliver(reporter, payload, self.report_delay_s))
+        task = asyncio.create_task(deliver(reporter, payload, self.report_delay_s))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
@@ -381,36 +354,6 @@ class StubCluster:
 
     async def close(self) -> None:
         await asyncio.gather(*(engine.stop() for engine in self.engines))
-
-
-def http_reporter(router_url: str, secret: str) -> tuple[Reporter, Callable[[], Awaitable[None]]]:
-    """A reporter that POSTs to a router over HTTP, and the coroutine function that closes it."""
-    session: aiohttp.ClientSession | None = None
-
-    async def report(payload: dict[str, Any]) -> None:
-        nonlocal session
-        session = session or aiohttp.ClientSession()
-        async with session.post(
-            f"{router_url.rstrip('/')}/internal/v1/kv-holdings",
-            json=payload,
-            headers={"x-agentkv-secret": secret},
-        ) as response:
-            response.raise_for_status()
-
-    async def close() -> None:
-        if session is not None:
-            await session.close()
-
-    return report, close
-
-
-async def _deliver(reporter: Reporter, payload: dict[str, Any], delay_s: float) -> None:
-    """A report that fails is lost, as with a real connector: the router then has no holding."""
-    await asyncio.sleep(delay_s)
-    try:
-        await reporter(payload)
-    except Exception as exc:  # noqa: BLE001 - any failure of the reporter means the same
-        logger.debug("holding report failed: %r", exc)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -4,6 +4,11 @@ Chat completions (``messages``), completions (``prompt``) and the Responses API 
 in their prompt, their output limit, their answer and usage names, and their stream: chat and
 completion chunks end with ``data: [DONE]``; a Responses stream is named events ending with
 ``response.completed``, whose response carries ``kv_transfer_params`` as vLLM's does.
+
+A non-streamed request with a JSON-schema format (chat ``response_format``, Responses
+``text.format``) is answered with a sample object of the schema and a finished status, as vLLM's
+structured outputs would constrain a model to: what openai's ``parse`` helpers and LangChain's
+``with_structured_output`` need to accept the answer.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ import time
 import uuid
 from typing import Any
 
+from agentkv_server import wire
+
 __all__ = [
     "answer_body",
     "count_prompt_tokens",
     "invalid_body",
     "output_limit",
     "stream_events",
+    "structured_answer",
     "stub_answer",
 ]
 
@@ -50,7 +58,7 @@ def invalid_body(body: dict[str, Any]) -> str | None:
             not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS
         ):
             return f"{name} must be an integer in [1, {MAX_TOKENS}]"
-    params = body.get("kv_transfer_params")
+    params = body.get(wire.KV_TRANSFER_PARAMS)
     if params is not None and not isinstance(params, dict):
         return "kv_transfer_params must be an object"
     return None
@@ -91,6 +99,39 @@ def stub_answer(max_tokens: int) -> str:
     return "".join(f"w{index} " for index in range(max_tokens))
 
 
+def structured_answer(body: dict[str, Any]) -> str | None:
+    """The JSON a request's JSON-schema format asks for (a sample of the schema), or None."""
+    if _is_responses(body):
+        spec = (body.get("text") or {}).get("format") or {}
+        schema = spec.get("schema")
+    else:
+        spec = body.get("response_format") or {}
+        schema = (spec.get("json_schema") or {}).get("schema")
+    if spec.get("type") != "json_schema" or not isinstance(schema, dict):
+        return None
+    return json.dumps(_sample(schema, schema.get("$defs") or {}))
+
+
+_SAMPLE_BY_TYPE: dict[str, Any] = {"integer": 2, "number": 2.5, "string": "w0", "boolean": True}
+
+
+def _sample(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+    """A value that fits ``schema`` (the subset pydantic models and strict tools produce)."""
+    if "$ref" in schema:
+        return _sample(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return _sample(schema["anyOf"][0], defs)
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: _sample(value, defs) for name, value in properties.items()}
+    if kind == "array":
+        return []
+    return _SAMPLE_BY_TYPE.get(kind)
+
+
 def answer_body(
     body: dict[str, Any],
     text: str,
@@ -98,14 +139,17 @@ def answer_body(
     completion_tokens: int,
     cached: int | None,
     kv_transfer_params: dict[str, Any] | None = None,
+    *,
+    finished: bool = False,
 ) -> dict[str, Any]:
-    """A non-streamed answer; ``cached`` None leaves the cached-token count out of its usage."""
+    """A non-streamed answer; ``cached`` None leaves the cached-token count out of its usage.
+    ``finished``: the model stopped by itself, not at its output limit."""
     if _is_responses(body):
-        answer = _response(body, text, prompt_tokens, completion_tokens, cached)
+        answer = _response(body, text, prompt_tokens, completion_tokens, cached, finished)
     else:
-        answer = _completion(body, text, prompt_tokens, completion_tokens, cached)
+        answer = _completion(body, text, prompt_tokens, completion_tokens, cached, finished)
     if kv_transfer_params is not None:
-        answer["kv_transfer_params"] = kv_transfer_params
+        answer[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     return answer
 
 
@@ -122,9 +166,9 @@ def stream_events(
             b"data: [DONE]\n\n"
         ]
     final = _response(body, stub_answer(n), prompt_tokens, n, 0)
-    final["kv_transfer_params"] = kv_transfer_params
+    final[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     started = {**final, "status": "in_progress", "output": [], "usage": None}
-    started["kv_transfer_params"] = None
+    started[wire.KV_TRANSFER_PARAMS] = None
     events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": started})]
     events += [("response.output_text.delta", {"delta": f"w{i} "}) for i in range(n)]
     events.append(("response.completed", {"response": final}))
@@ -137,7 +181,12 @@ def stream_events(
 
 
 def _completion(
-    body: dict[str, Any], text: str, prompt_tokens: int, completion_tokens: int, cached: int | None
+    body: dict[str, Any],
+    text: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached: int | None,
+    finished: bool = False,
 ) -> dict[str, Any]:
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -155,7 +204,7 @@ def _completion(
             "text_completion",
             "cmpl",
         )
-    choice["finish_reason"] = "length"
+    choice["finish_reason"] = "stop" if finished else "length"
     return {
         "id": f"{prefix}-{uuid.uuid4().hex}",
         "object": kind,
@@ -167,7 +216,12 @@ def _completion(
 
 
 def _response(
-    body: dict[str, Any], text: str, prompt_tokens: int, output_tokens: int, cached: int | None
+    body: dict[str, Any],
+    text: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached: int | None,
+    finished: bool = False,
 ) -> dict[str, Any]:
     usage: dict[str, Any] = {
         "input_tokens": prompt_tokens,
@@ -190,8 +244,8 @@ def _response(
         "object": "response",
         "created_at": int(time.time()),
         "model": body.get("model"),
-        "status": "incomplete",  # the stub always stops at its output limit
-        "incomplete_details": {"reason": "max_output_tokens"},
+        "status": "completed" if finished else "incomplete",
+        "incomplete_details": None if finished else {"reason": "max_output_tokens"},
         "output": [message],
         "parallel_tool_calls": True,
         "tool_choice": "auto",

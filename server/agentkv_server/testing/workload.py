@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.testing.harness import conversation
 from agentkv_server.testing.stub_engine import count_prompt_tokens, stub_answer
 
@@ -133,5 +134,5 @@ def _is_correct(answer: Any, headers: Mapping[str, str], session: str, body: dic
         content == stub_answer(body["max_tokens"])
         and prompt_tokens == count_prompt_tokens(body)
         and headers.get(protocol.HEADER_RESPONSE_SESSION_ID) == session
-        and "kv_transfer_params" not in answer
+        and wire.KV_TRANSFER_PARAMS not in answer
     )

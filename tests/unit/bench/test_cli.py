@@ -15,7 +15,13 @@ import pytest
 
 from agentkv_server.bench import cli
 from agentkv_server.bench.records import BenchResult
-from agentkv_server.bench.report import JSON_NAME, MARKDOWN_NAME, SPEEDUP_PLOT, TTFT_PLOT
+from agentkv_server.bench.report import (
+    JSON_NAME,
+    MARKDOWN_NAME,
+    SPEEDUP_PLOT,
+    TRADE_PLOT,
+    TTFT_PLOT,
+)
 from agentkv_server.testing import StubCluster, StubEngine, http_reporter
 
 StartEngines = Callable[[StubCluster], Awaitable[tuple[StubEngine, StubEngine]]]
@@ -107,6 +113,22 @@ def test_given_endpoint_measured_as_it_is(stubs: StubThread, tmp_path: Path) -> 
     assert len(engine.completions()) == warm_up_and_run
 
 
+def test_decoding_sessions_are_measured_and_reported(
+    stubs: StubThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = stubs.engine("decode")
+    argv = ["--base-url", f"aggregated={engine.url}", "--out", str(tmp_path)]
+    code = bench(*SMALL, "--decoders", "1", "--decode-tokens", "10", *argv)
+    assert code == 0
+    result = BenchResult.from_dict(json.loads((tmp_path / JSON_NAME).read_text()))
+    assert result.decodes and all(d.error is None for d in result.decodes)
+    assert all(len(d.gaps_s) == 9 for d in result.decodes if d.complete)
+    assert result.config["workload"]["decoders"] == 1
+    assert "1 session(s) decoding 10-token outputs" in result.config["workload_text"]
+    assert (tmp_path / TRADE_PLOT).is_file()
+    assert "TPOT p99 (ms)" in capsys.readouterr().out
+
+
 def test_failed_turns_make_the_exit_code_non_zero(stubs: StubThread, tmp_path: Path) -> None:
     engine = stubs.engine("decode")
     engine.faults.extend(["bad_request"] * 20)
@@ -142,3 +164,8 @@ def test_unreachable_engine_is_reported_without_traceback(
     code = bench("--base-url", "aggregated=http://127.0.0.1:9", "--out", str(tmp_path))
     assert code == 2
     assert "pass --model" in capsys.readouterr().err
+
+
+def test_negative_decoders_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench("--decoders", "-1", "--base-url", "aggregated=http://127.0.0.1:9") == 2
+    assert "decoders must be >= 0" in capsys.readouterr().err

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from agentkv_server.bench.records import BenchResult, TurnRecord
+from agentkv_server.bench.records import BenchResult, DecodeRecord, TurnRecord
 from agentkv_server.bench.report import (
     JSON_NAME,
     MARKDOWN_NAME,
     SPEEDUP_PLOT,
+    TRADE_PLOT,
     TTFT_PLOT,
     render_markdown,
     write_report,
@@ -46,3 +49,49 @@ def test_report_of_failed_run_still_renders(tmp_path: Path) -> None:
     paths = write_report(BenchResult(CONFIG, (failed,)), tmp_path)
     assert "n/a" in (tmp_path / MARKDOWN_NAME).read_text()
     assert len(paths) == 4
+
+
+def with_decoding(records: list[TurnRecord]) -> BenchResult:
+    decodes = (
+        DecodeRecord("recompute", 0, 1000, 0, 0, ttft_s=0.2, gaps_s=(0.02,) * 99 + (0.05,)),
+        DecodeRecord("agentkv", 0, 1000, 0, 0, ttft_s=0.2, gaps_s=(0.02,) * 98 + (0.3, 0.3)),
+        DecodeRecord("agentkv", 0, 4000, 0, 0, ttft_s=0.2, gaps_s=(0.03,) * 10, complete=True),
+    )
+    return BenchResult(CONFIG, tuple(records), decodes)
+
+
+def test_decoding_sessions_add_the_trade_table_and_plot(
+    tmp_path: Path, records: list[TurnRecord]
+) -> None:
+    result = with_decoding(records)
+    paths = write_report(result, tmp_path)
+    assert TRADE_PLOT in {p.name for p in paths}
+    assert (tmp_path / TRADE_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (tmp_path / MARKDOWN_NAME).read_text()
+    trade = text[text.index("TPOT p50 (ms)") :]
+    agentkv_row = next(line for line in trade.splitlines() if line.startswith("| agentkv |"))
+    # 110 gaps: p50 20 ms, p99 the 109th = 300 ms, max 300 ms; p99 over recompute's 20 ms.
+    assert "| 20 | 300 | 300 | 15.00x | 110 | 0 |" in agentkv_row
+    data = json.loads((tmp_path / JSON_NAME).read_text())
+    assert BenchResult.from_dict(data) == result
+    modes = {m["mode"]: m for m in data["summary"]["modes"]}
+    assert modes["agentkv"]["tpot"]["p99"] == 0.3
+
+
+def test_without_decoding_sessions_no_trade_table(
+    tmp_path: Path, records: list[TurnRecord]
+) -> None:
+    paths = write_report(BenchResult(CONFIG, tuple(records)), tmp_path)
+    assert TRADE_PLOT not in {p.name for p in paths}
+    assert "TPOT" not in (tmp_path / MARKDOWN_NAME).read_text()
+
+
+def test_breakdown_table_has_a_row_per_path(make_turn: Callable[..., TurnRecord]) -> None:
+    turns = [
+        make_turn("agentkv", 1, 2.0),
+        replace(make_turn("agentkv", 2, 0.2), kv_path="local", plan_s=0.001, decode_s=0.25),
+        replace(make_turn("agentkv", 3, 0.9), kv_path="reuse", prefill_s=0.5, decode_s=0.3),
+    ]
+    text = render_markdown(BenchResult(CONFIG, tuple(turns)), summarize(turns))
+    assert "| agentkv | local | 1 | 0.001 | n/a | 0.250 | n/a |" in text
+    assert "| agentkv | reuse | 1 | n/a | 0.500 | 0.300 | n/a |" in text

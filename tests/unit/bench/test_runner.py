@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,9 +50,8 @@ async def run_mode(mode: str, deployment: Deployment, cluster: StubCluster) -> l
         report, close = http_reporter(target.base_urls[0], SECRET)
         cluster.reporter = report
         try:
-            records = await Runner(WORKLOAD, WordTokenizer(), on_turn=seen.append).run(
-                target, 0, "t"
-            )
+            run = await Runner(WORKLOAD, WordTokenizer(), on_turn=seen.append).run(target, 0, "t")
+            records = run.turns
             await cluster.flush_reports()
         finally:
             await close()
@@ -148,3 +149,43 @@ async def test_no_two_modes_or_repeats_share_a_prefix(
         await runner.run(Target(mode, (engine.url,), MODEL, tag_body=False), repeat, "same-run")
     first_lines = {r.body["messages"][0]["content"].splitlines()[0] for r in engine.completions()}
     assert len(first_lines) == 3 * WORKLOAD.sessions * len(WORKLOAD.history_tokens)
+
+
+async def test_decoding_sessions_stream_beside_the_agent_sessions(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    workload = replace(WORKLOAD, decoders=2, decode_tokens=20)
+    async with serve_mode("agentkv", deployment) as target:
+        report, close = http_reporter(target.base_urls[0], SECRET)
+        cluster.reporter = report
+        try:
+            run = await Runner(workload, WordTokenizer()).run(target, 0, "t")
+            await cluster.flush_reports()
+        finally:
+            await close()
+    assert len(run.turns) == workload.sessions * workload.turns and all(r.ok for r in run.turns)
+    assert {(d.mode, d.history_tokens) for d in run.decodes} == {("agentkv", 400)}
+    assert {d.decoder for d in run.decodes} == {0, 1}
+    assert all(d.error is None and d.ttft_s is not None for d in run.decodes)
+    # A finished request of 20 streamed tokens has 19 gaps; each decoder's last one was cut.
+    assert all(len(d.gaps_s) == 19 for d in run.decodes if d.complete)
+    for decoder in (0, 1):
+        mine = sorted((d for d in run.decodes if d.decoder == decoder), key=lambda d: d.request)
+        assert [d.request for d in mine] == list(range(len(mine)))
+        assert all(d.complete for d in mine[:-1])
+    # The decoders streamed before the first turn was sent, without a session.
+    sent = decode_engine(cluster).completions()
+    assert "decoder" in sent[0].body["messages"][0]["content"]
+    decoding = [r for r in sent if "decoder" in r.body["messages"][0]["content"]]
+    assert all(r.body["max_tokens"] == 20 and not r.headers.get("x-session-id") for r in decoding)
+
+
+async def test_a_failing_decoder_records_its_error_and_stops() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    workload = replace(WORKLOAD, decoders=1, sessions=1)
+    run = await Runner(workload, WordTokenizer()).run(Target("aggregated", (url,), MODEL), 0, "t")
+    assert [d.request for d in run.decodes] == [0]  # no second request after a failure
+    assert "Connection error" in (run.decodes[0].error or "") and run.decodes[0].gaps_s == ()
+    assert len(run.turns) == 1 and not run.turns[0].ok  # the agent session still ran

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from agentkv_server.bundle.ports import (
-    PORT_BASE_ENV,
     ensure_ports_free,
     ephemeral_port_range,
     free_ports,
     port_pool,
 )
 from agentkv_server.errors import ConfigError, PortInUseError
+from agentkv_server.wire import PORT_BASE_ENV
 
 
 def test_the_ephemeral_range_is_read_from_the_kernel(tmp_path: Path) -> None:

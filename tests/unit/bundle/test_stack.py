@@ -71,6 +71,24 @@ def test_plan_without_router_reports_nowhere_and_gpu_binds_no_cores(tmp_path: Pa
     assert all(spec.env == {} and spec.cores is None for spec in specs)
 
 
+def test_plan_for_a_router_started_elsewhere_as_bench_runs_it(tmp_path: Path) -> None:
+    """Prefill-only arguments reach prefill engines only; decode engines report to the port
+    where the bench's routers will listen, though the stack starts none."""
+    config = StackConfig(
+        model=str(tmp_path),
+        log_dir=tmp_path,
+        engine_args=("--max-model-len", "4096"),
+        prefill_args=("--no-enable-prefix-caching",),
+        router=False,
+        report_port=9123,
+    )
+    prefill, decode = Stack(config).plan()
+    assert prefill.engine_args == ("--max-model-len", "4096", "--no-enable-prefix-caching")
+    assert decode.engine_args == ("--max-model-len", "4096")
+    assert decode.env["AGENTKV_ROUTER_URL"] == "http://127.0.0.1:9123"
+    assert decode.command()[-2:] == ["--max-model-len", "4096"]
+
+
 def test_client_environment_carries_the_test_models_logit_bias(tiny: Path) -> None:
     stack = Stack(StackConfig(model=str(tiny), port=8123))
     stack.plan()

@@ -30,8 +30,8 @@ from kubernetes_validate import utils as kubernetes_validate
 from agentkv_server.bundle import launcher
 from agentkv_server.bundle.launcher import EngineSpec
 from agentkv_server.cli import build_parser
-from agentkv_server.connector.settings import ROUTER_URL_ENV, SECRET_ENV
 from agentkv_server.router.cli import settings_from_args
+from agentkv_server.wire import ROUTER_URL_ENV, SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = ROOT / "deploy" / "kubernetes"

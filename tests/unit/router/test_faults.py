@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing import InProcessRouter, conversation
+from agentkv_server.wire import cold_prefill_params
 
 
 async def mark_down(router: InProcessRouter) -> None:
@@ -33,7 +33,7 @@ async def test_holder_gone_means_recompute_on_another_decode_engine(make_router,
     assert response.headers["x-agentkv-reused-tokens"] == "0"
     assert len(other.completions()) == 1
     assert await router.metric('agentkv_engine_errors_total{kind="connect",role="decode"}') == 1
-    planned_pull = router.prefill[0].completions()[-1].kv_params != COLD_PREFILL_PARAMS
+    planned_pull = router.prefill[0].completions()[-1].kv_params != cold_prefill_params()
     assert planned_pull is not probed
 
 
@@ -47,7 +47,7 @@ async def test_holder_known_down_is_not_asked_for_a_pull(make_router):
     response = await router.chat(conversation(2, 500), session="s1")
 
     assert response.headers["x-agentkv-kv-path"] == "fallback"
-    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert router.prefill[0].completions()[-1].kv_params == cold_prefill_params()
     assert len(holder.completions()) == 1
 
 
@@ -73,7 +73,7 @@ async def test_failed_pull_step_is_retried_cold(make_router):
 
     assert response.headers["x-agentkv-kv-path"] == "fallback"
     pull, cold = router.prefill[0].completions()[-2:]
-    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == cold_prefill_params()
 
 
 async def test_stalled_pull_is_retried_cold_without_dropping_the_prefill_engine(make_router):
@@ -87,7 +87,7 @@ async def test_stalled_pull_is_retried_cold_without_dropping_the_prefill_engine(
     assert stalled.status_code == 200
     assert stalled.headers["x-agentkv-kv-path"] == "fallback"
     pull, cold = router.prefill[0].completions()[1:3]
-    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == cold_prefill_params()
     assert router.state.prefill.engines[0].healthy is True
     assert after.headers["x-agentkv-kv-path"] == "reuse"
     assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1
@@ -266,7 +266,7 @@ async def test_holdings_of_an_engine_that_refused_a_connection_are_void(make_rou
     responses = [await router.chat(conversation(2, 500), session=s) for s in ("s1", "s2")]
 
     assert [r.headers["x-agentkv-kv-path"] for r in responses] == ["fallback", "fallback"]
-    assert all(r.kv_params == COLD_PREFILL_PARAMS for r in router.prefill[0].completions()[2:])
+    assert all(r.kv_params == cold_prefill_params() for r in router.prefill[0].completions()[2:])
     assert router.prefill[0].pulled == []
 
 
@@ -281,7 +281,7 @@ async def test_frozen_holder_is_not_asked_for_a_pull(make_router):
 
     assert response.status_code == 200
     assert response.headers["x-agentkv-kv-path"] == "fallback"
-    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert router.prefill[0].completions()[-1].kv_params == cold_prefill_params()
     assert len(other.completions()) == 1
     assert await router.metric('agentkv_engine_errors_total{kind="timeout",role="decode"}') == 1
 
@@ -364,6 +364,6 @@ async def test_pull_without_progress_is_retried_cold_long_before_the_pull_timeou
     assert response.status_code == 200
     assert response.headers["x-agentkv-kv-path"] == "fallback"
     pull, cold = router.prefill[0].completions()[1:3]
-    assert pull.kv_params["remote_request_id"] and cold.kv_params == COLD_PREFILL_PARAMS
+    assert pull.kv_params["remote_request_id"] and cold.kv_params == cold_prefill_params()
     assert router.state.prefill.engines[0].healthy is True  # the pull stalled, not P
     assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1

@@ -9,6 +9,7 @@ import pytest
 from agentkv_server.router import (
     AlwaysPolicy,
     CostModelPolicy,
+    KVPath,
     NeverPolicy,
     TurnLoad,
     UpstreamPolicy,
@@ -43,56 +44,67 @@ def idle(new_tokens: int) -> TurnLoad:
 
 def test_short_follow_up_continues_on_the_holder():
     decision = cost_model().decide(held(3000), NOW, idle(150))
-    assert (decision.path, decision.reason) == ("local", "local_fastest")
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_fastest")
     assert not decision.reuse  # no prefill engine pulls
 
 
 def test_new_part_over_the_limit_goes_to_a_prefill_engine():
     policy = cost_model(max_new_tokens=512)
-    assert policy.decide(held(3000), NOW, idle(512)).path == "local"
+    assert policy.decide(held(3000), NOW, idle(512)).path is KVPath.LOCAL
     decision = policy.decide(held(3000), NOW, idle(513))
-    assert (decision.path, decision.reason) == ("pull", "new_part_too_long")
+    assert (decision.path, decision.reason) == (KVPath.PULL, "new_part_too_long")
 
 
 def test_stall_budget_applies_only_while_the_holder_decodes_others():
     policy = cost_model(max_stall_s=0.1)  # 0.1 s at 2000 tok/s: 200 new tokens
-    assert policy.decide(held(3000), NOW, TurnLoad(300, holder_running=0)).path == "local"
-    assert policy.decide(held(3000), NOW, TurnLoad(200, holder_running=4)).path == "local"
+    assert policy.decide(held(3000), NOW, TurnLoad(300, holder_running=0)).path is KVPath.LOCAL
+    assert policy.decide(held(3000), NOW, TurnLoad(200, holder_running=4)).path is KVPath.LOCAL
     decision = policy.decide(held(3000), NOW, TurnLoad(300, holder_running=4))
-    assert (decision.path, decision.reason) == ("pull", "stall_over_budget")
+    assert (decision.path, decision.reason) == (KVPath.PULL, "stall_over_budget")
 
 
 def test_refused_local_with_a_tiny_history_recomputes():
     decision = cost_model(max_new_tokens=10).decide(held(40), NOW, idle(300))
-    assert (decision.path, decision.reason) == ("recompute", "new_part_too_long")
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "new_part_too_long")
 
 
 def test_measured_slow_local_prefill_sends_mid_size_parts_to_pull():
     policy = cost_model()
-    assert policy.decide(held(3000), NOW, idle(400)).path == "local"
+    assert policy.decide(held(3000), NOW, idle(400)).path is KVPath.LOCAL
     for _ in range(30):  # the holder measured at 5 ms/token with a prefix hit: 10x slower
         policy.observe_local(400, 2.0)
     assert policy.predicted_local_s(400) == pytest.approx(2.0, rel=0.05)
-    assert policy.decide(held(3000), NOW, idle(400)).path == "pull"
+    assert policy.decide(held(3000), NOW, idle(400)).path is KVPath.PULL
+
+
+def test_local_turns_without_new_tokens_keep_the_prior_rate():
+    """A session that resends its prompt (a retry) has no new tokens: every local sample is
+    at zero tokens, which fixes no slope. Found by scripts/router_vs_rust.py: every later
+    decision divided by zero (HTTP 500 for each of the session's turns)."""
+    policy = cost_model()
+    for _ in range(5):
+        policy.observe_local(0, 0.002)
+    assert policy.decide(held(3000), NOW, idle(0)).path == "local"
+    assert policy.predicted_local_s(400) == pytest.approx(0.002 + 400 / 2000, rel=0.05)
 
 
 def test_unknown_new_part_or_disabled_local_never_goes_local():
-    assert cost_model().decide(held(3000), NOW, None).path == "pull"
+    assert cost_model().decide(held(3000), NOW, None).path is KVPath.PULL
     assert not cost_model(enabled=False).considers_local
-    assert cost_model(enabled=False).decide(held(3000), NOW, idle(10)).path == "pull"
+    assert cost_model(enabled=False).decide(held(3000), NOW, idle(10)).path is KVPath.PULL
 
 
 def test_expiring_holding_is_not_continued_on():
     decision = cost_model().decide(held(3000, remaining_s=0.5), NOW, idle(10))
-    assert (decision.path, decision.reason) == ("recompute", "expiring")
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "expiring")
 
 
 @pytest.mark.parametrize(
     ("policy", "path"),
     [
-        (AlwaysPolicy(CostModelSettings(), RetentionSettings()), "pull"),
-        (UpstreamPolicy(), "pull"),
-        (NeverPolicy(), "recompute"),
+        (AlwaysPolicy(CostModelSettings(), RetentionSettings()), KVPath.PULL),
+        (UpstreamPolicy(), KVPath.PULL),
+        (NeverPolicy(), KVPath.RECOMPUTE),
     ],
 )
 def test_other_policies_never_go_local(policy, path):
@@ -132,6 +144,7 @@ async def test_follow_up_goes_local_without_prefill_or_transfer(make_router, cap
     holding = await router.state.store.take("s1")
     assert holding is not None and holding.decode_url == holder.url
     assert holding.num_tokens == (500 + 2) + (2 + 2) + (4 + 2) + (20 + 2) + 4  # prompt, output
+    await router.state.keeper.drain()  # releases run in the background
     assert old_id in holder.released
     assert await router.metric('agentkv_turns_total{path="local"}') == 1
     assert await router.metric("agentkv_reused_tokens_total") == held

@@ -7,12 +7,13 @@ import pytest
 from agentkv_server.router import (
     AlwaysPolicy,
     CostModelPolicy,
+    KVPath,
     NeverPolicy,
     PrefillSample,
+    TurnHints,
     UpstreamPolicy,
     make_policy,
 )
-from agentkv_server.router.intake import TurnHints
 from agentkv_server.router.policy import Decision
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, RetentionSettings, Settings
@@ -105,7 +106,7 @@ def test_always_policy_pulls_what_the_cost_model_would_recompute(policy: CostMod
     for _ in range(5):  # learning that recomputing is cheap changes nothing
         always.observe(PrefillSample(computed_tokens=4000, pulled_tokens=0, seconds=0.001))
     assert not policy.decide(held(40), NOW).reuse
-    assert always.decide(held(40), NOW) == Decision("pull", "always")
+    assert always.decide(held(40), NOW) == Decision(KVPath.PULL, "always")
     assert always.decide(held(40, remaining_s=0.5), NOW).reason == "expiring"
     assert always.retention_s(TurnHints(next_turn_seconds=None)) == RetentionSettings().default_s
     settings = Settings(decode_urls=("http://d",), policy="always")

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from agentkv_server.router.formats import wire_format
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing.harness import InProcessRouter
+from agentkv_server.wire import cold_prefill_params
 
 SYSTEM = " ".join(f"rule{i}" for i in range(500))
 
@@ -52,7 +52,7 @@ async def test_cold_turn_prefills_one_token_then_decodes(make_router):
     (prefill,) = router.prefill[0].completions()
     assert prefill.path == "/v1/responses"
     assert prefill.body["max_output_tokens"] == 1 and prefill.body["stream"] is False
-    assert prefill.kv_params == COLD_PREFILL_PARAMS
+    assert prefill.kv_params == cold_prefill_params()
     (decode,) = router.decode[0].completions()
     assert decode.path == "/v1/responses"
     assert decode.body["max_output_tokens"] == 4

@@ -110,3 +110,12 @@ def test_unusable_params_make_no_holding(params):
 
 def test_holding_round_trips_through_json():
     assert Holding.from_json(holding().to_json()) == holding()
+
+
+def test_records_written_before_the_session_key_rename_still_read():
+    """A router of the previous release stored ``session_id``: during a rolling upgrade on a
+    shared Redis, the new routers read those holdings and tickets instead of failing them."""
+    old_holding = holding().to_json().replace('"session_key"', '"session_id"')
+    assert Holding.from_json(old_holding) == holding()
+    ticket = Ticket("t", "s", "http://d", "m", 1.0, retention_s=60.0)
+    assert Ticket.from_json(ticket.to_json().replace('"session_key"', '"session_id"')) == ticket

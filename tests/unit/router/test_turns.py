@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
 from agentkv_server.testing.harness import conversation
+from agentkv_server.wire import cold_prefill_params
 
 
 async def test_cold_turn_runs_prefill_then_decode_and_records_a_holding(make_router):
@@ -25,7 +25,7 @@ async def test_cold_turn_runs_prefill_then_decode_and_records_a_holding(make_rou
 
     (prefill,) = router.prefill[0].completions()
     assert prefill.body["max_tokens"] == 1 and prefill.body["stream"] is False
-    assert prefill.kv_params == COLD_PREFILL_PARAMS
+    assert prefill.kv_params == cold_prefill_params()
     (decode,) = router.decode[0].completions()
     assert decode.kv_params["remote_engine_id"] == router.prefill[0].engine_id
     assert decode.kv_params["agentkv_retention_seconds"] == 120.0  # no hint: the default
@@ -114,6 +114,17 @@ async def test_the_wait_for_a_report_is_bounded(make_router):
     assert first.text.rstrip().endswith("data: [DONE]")
     second = await stream_without_waiting_for_reports(router, 2)
     assert second.headers["x-agentkv-kv-path"] == "recompute"
+
+
+async def test_upstream_streams_end_without_waiting_for_a_report_that_never_comes(make_router):
+    """The `upstream` policy sends engines no ticket, so no report can come: its streams must not
+    be held back for `report_s` (the bench's upstream mode paid it on every streamed turn)."""
+    router = await make_router(policy="upstream", timeouts={"report_s": 5.0})
+
+    began = time.monotonic()
+    first = await stream_without_waiting_for_reports(router, 1)
+    assert first.text.rstrip().endswith("data: [DONE]")
+    assert time.monotonic() - began < 2.5
 
 
 async def test_completions_endpoint_reuses_too(make_router):
@@ -234,8 +245,26 @@ async def test_tiny_history_is_recomputed_and_its_holding_released(make_router):
     await router.state.keeper.drain()
 
     assert response.headers["x-agentkv-kv-path"] == "recompute"
-    assert router.prefill[0].completions()[-1].kv_params == COLD_PREFILL_PARAMS
+    assert router.prefill[0].completions()[-1].kv_params == cold_prefill_params()
     assert held_id in router.decode[0].released
+
+
+async def test_releases_close_together_go_to_their_engine_as_one_request(make_router):
+    router = await make_router()
+    for session in ("s1", "s2"):
+        await router.chat(conversation(1, 50), session=session)
+    holdings = [await router.state.store.take(session) for session in ("s1", "s2")]
+    ids = sorted(holding.params["remote_request_id"] for holding in holdings if holding)
+    decode = router.decode[0]
+    sent = len(decode.requests)
+
+    router.state.keeper.release_soon(holdings[:1])
+    router.state.keeper.release_soon(holdings[1:])
+    await router.state.keeper.drain()
+
+    assert [sorted(r.kv_params["agentkv_release"]) for r in decode.requests[sent:]] == [ids]
+    assert sorted(decode.released) == ids
+    assert not decode.retained
 
 
 async def test_decode_prefers_the_holder(make_router):

@@ -3,8 +3,8 @@ section 5), with token-id prompts.
 
 The engine tests and ``scripts/measure_reuse.py`` use this to look at the KV path itself, with no
 router policy in between: token-id prompts make every turn's prompt extend the previous turn's
-held tokens exactly. ``first_token_logprobs`` and ``assert_same_logprobs`` are the oracle that
-decides whether reused KV equals recomputed KV (docs/engines.md).
+held tokens exactly. ``logprob_gap`` and ``LOGPROB_TOLERANCE`` are the oracle that decides
+whether reused KV equals recomputed KV (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentkv_server import wire
+
 __all__ = [
-    "COLD_PREFILL_PARAMS",
     "LOGPROB_TOLERANCE",
     "DecodeStep",
     "EngineClient",
@@ -25,16 +26,6 @@ __all__ = [
     "PrefillStep",
     "logprob_gap",
 ]
-
-# P's params for a turn with nothing to pull (docs/protocol.md section 5, step P, cold).
-COLD_PREFILL_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 # Largest top-k logprob difference (nats) still counted as the same KV on the fp32 test model:
 # recomputing in another order moved them by <5e-7, a wrong KV prefix by >0.05 and changed the
@@ -105,7 +96,7 @@ class KVProbe:
         self, prompt: Sequence[int], holding: Mapping[str, Any] | None = None, **body: Any
     ) -> PrefillStep:
         """Step P (``max_tokens=1``); with ``holding`` (D's params), P pulls what it holds."""
-        params = {**holding, "do_remote_decode": True} if holding else COLD_PREFILL_PARAMS
+        params = wire.pull_prefill_params(holding) if holding else wire.cold_prefill_params()
         return self._first_token_step(self.p, prompt, kv_transfer_params=params, **body)
 
     def decode_engine_logprobs(self, prompt: Sequence[int]) -> PrefillStep:
@@ -119,11 +110,11 @@ class KVProbe:
         prefill: PrefillStep,
         *,
         max_tokens: int = 16,
-        **agentkv: Any,
+        retention_seconds: float | None = None,
     ) -> DecodeStep:
-        """Step D with P's params; ``agentkv`` adds ``agentkv_<name>`` fields (retention...).
-        ``ignore_eos`` makes the held token count exactly prompt + max_tokens - 1."""
-        params = {**prefill.params, **{f"agentkv_{key}": value for key, value in agentkv.items()}}
+        """Step D with P's params, asking D to retain the KV ``retention_seconds`` (None: the
+        engine's default). ``ignore_eos`` makes the held token count exactly prompt + max_tokens - 1."""
+        params = wire.decode_params(prefill.params, retention_s=retention_seconds, ticket=None)
         started = time.perf_counter()
         answer = self.d.complete(
             prompt,
@@ -135,7 +126,7 @@ class KVProbe:
         )
         return DecodeStep(
             answer["choices"][0]["token_ids"],
-            answer["kv_transfer_params"],
+            answer[wire.KV_TRANSFER_PARAMS],
             time.perf_counter() - started,
         )
 
@@ -145,11 +136,14 @@ class KVProbe:
         holding: Mapping[str, Any] | None = None,
         *,
         max_tokens: int = 16,
-        **agentkv: Any,
+        retention_seconds: float | None = None,
     ) -> tuple[PrefillStep, DecodeStep]:
         """One whole turn: P (pulling ``holding`` if given), then D."""
         prefill = self.prefill(prompt, holding)
-        return prefill, self.decode(prompt, prefill, max_tokens=max_tokens, **agentkv)
+        decode = self.decode(
+            prompt, prefill, max_tokens=max_tokens, retention_seconds=retention_seconds
+        )
+        return prefill, decode
 
     def recomputed_logprobs(self, prompt: Sequence[int]) -> dict[str, float]:
         """First-token top-k logprobs of ``prompt`` computed from scratch on P:
@@ -166,7 +160,7 @@ class KVProbe:
         seconds = time.perf_counter() - started
         return PrefillStep(
             top_logprobs=answer["choices"][0]["logprobs"]["top_logprobs"][0],
-            params=answer.get("kv_transfer_params") or {},
+            params=answer.get(wire.KV_TRANSFER_PARAMS) or {},
             pulled_tokens=round(engine.metric(_EXTERNAL_HITS) - pulled),
             local_hit_tokens=round(engine.metric(_LOCAL_HITS) - local),
             seconds=seconds,

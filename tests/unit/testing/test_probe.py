@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from agentkv_server.bundle.probe import LOGPROB_TOLERANCE, logprob_gap
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, logprob_gap
 
 
 def test_gap_is_the_largest_difference_over_the_same_tokens() -> None:

@@ -1,4 +1,4 @@
-"""Router overhead benchmark: ``python -m agentkv_server.router.loadtest``.
+"""Router overhead benchmark: ``python -m agentkv_server.bench.loadtest``.
 
 Measures, on loopback with stub engines (``python -m agentkv_server.testing``) in their own
 process and the router (``agentkv router``) in another:
@@ -52,7 +52,7 @@ from tenacity import (
 )
 
 from agentkv import protocol
-from agentkv_server.router.orchestrator import COLD_PREFILL_PARAMS
+from agentkv_server import wire
 from agentkv_server.testing.harness import conversation
 from agentkv_server.testing.workload import Send, WorkloadReport, run_sessions
 
@@ -91,7 +91,7 @@ async def drive(
 
         async def client(worker: int) -> None:
             nonlocal errors
-            headers = {"x-session-id": f"bench-{worker}"} if sessions else {}
+            headers = {protocol.HEADER_SESSION_ID: f"bench-{worker}"} if sessions else {}
             while next(issued) < total:
                 began = time.perf_counter()
                 async with http.post(url, json=_BODY, headers=headers) as response:
@@ -187,7 +187,7 @@ async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> l
                 async with http.post(
                     f"{router_url}/v1/chat/completions",
                     json=body,
-                    headers={"x-session-id": session},
+                    headers={protocol.HEADER_SESSION_ID: session},
                 ) as response:
                     answer = await response.json()
                 records.append(
@@ -195,8 +195,8 @@ async def multi_turn(router_url: str, sessions: dict[str, int], turns: int) -> l
                         session,
                         turn,
                         answer["usage"]["prompt_tokens"],
-                        response.headers["x-agentkv-kv-path"],
-                        int(response.headers["x-agentkv-reused-tokens"]),
+                        response.headers[protocol.HEADER_KV_PATH],
+                        int(response.headers[protocol.HEADER_REUSED_TOKENS]),
                         (time.perf_counter() - began) * 1000,
                     )
                 )
@@ -282,10 +282,11 @@ def _direct_sender(http: aiohttp.ClientSession, prefill_url: str, decode_url: st
     path = "/v1/chat/completions"
 
     async def send(session: str, body: dict) -> tuple[int, dict[str, str], object]:
-        prefill = {**body, "max_tokens": 1, "kv_transfer_params": COLD_PREFILL_PARAMS}
+        prefill = {**body, "max_tokens": 1, wire.KV_TRANSFER_PARAMS: wire.cold_prefill_params()}
         async with http.post(prefill_url + path, json=prefill) as response:
-            params = (await response.json())["kv_transfer_params"]
-        decode = {**body, "kv_transfer_params": {**params, "agentkv_retention_seconds": 0}}
+            params = (await response.json())[wire.KV_TRANSFER_PARAMS]
+        params = wire.decode_params(params, retention_s=0, ticket=None)
+        decode = {**body, wire.KV_TRANSFER_PARAMS: params}
         async with http.post(decode_url + path, json=decode) as response:
             return response.status, dict(response.headers), await response.json()
 
@@ -413,7 +414,7 @@ def _table(results: list[LevelResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentkv_server.router.loadtest")
+    parser = argparse.ArgumentParser(prog="python -m agentkv_server.bench.loadtest")
     parser.add_argument("--requests", type=int, default=1000, help="per level at concurrency 1")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument(

@@ -1,0 +1,110 @@
+"""One turn's state as the orchestrator serves it: the client's hints, the KV path, the errors.
+
+A turn's path starts as ``recompute`` and moves at most twice: the plan may choose ``local`` or
+``pull`` (or ``fallback`` when the holder cannot answer), and a planned ``local`` or ``pull``
+that fails becomes ``fallback``. The path's value is its wire name (the ``x-agentkv-kv-path``
+header and the ``path`` label of ``agentkv_turns_total``, docs/protocol.md section 3).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from agentkv import protocol
+from agentkv_server.router.formats import WireFormat, wire_format
+from agentkv_server.router.sessions import Holding
+
+if TYPE_CHECKING:
+    from agentkv_server.router.intake import ClientRequest
+    from agentkv_server.router.upstream import EngineFailure
+
+__all__ = ["STUCK", "UNREACHABLE", "ErrorKind", "KVPath", "Turn", "TurnHints"]
+
+
+class KVPath(str, enum.Enum):
+    """Where a turn's history KV comes from."""
+
+    LOCAL = "local"
+    """Continued on the decode engine that holds it: no prefill step, no transfer."""
+    PULL = "reuse"
+    """Pulled by a prefill engine from its decode holder."""
+    RECOMPUTE = "recompute"
+    FALLBACK = "fallback"
+    """A planned local turn or pull failed: recomputed instead."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall", "hang"]
+"""Why an engine step failed. ``stall``: a step whose engine answered but made no progress
+(docs/faults.md), or a prefill step that pulled KV ran past ``timeouts.pull_s`` (then P is not
+blamed); ``hang``: a step whose engine stopped answering progress probes."""
+STUCK: Final[frozenset[ErrorKind]] = frozenset({"timeout", "hang", "stall"})
+"""The engine answered nothing in time, or made no progress."""
+UNREACHABLE: Final[frozenset[ErrorKind]] = frozenset({"connect", "timeout", "hang"})
+"""No answer at all: another try on the same engine would wait again."""
+
+
+@dataclass(frozen=True)
+class TurnHints:
+    """What the client told the router about this turn (docs/protocol.md section 2)."""
+
+    turn: int | None = None
+    tool_continuation: bool = False
+    next_turn_seconds: float | None = None
+    session_end: bool = False
+    version: str | None = None
+
+
+@dataclass
+class Turn:
+    """What the router knows about one turn as it goes."""
+
+    request: ClientRequest
+    started: float
+    holding: Holding | None = None
+    path: KVPath = KVPath.RECOMPUTE
+    prompt_tokens: int | None = None
+    reused_tokens: int = 0
+    computed_tokens: int = 0
+    prefill_params: dict[str, Any] | None = None
+    failures: list[EngineFailure] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""
+
+    @property
+    def wire(self) -> WireFormat:
+        return wire_format(self.request.endpoint)
+
+    @property
+    def pulls(self) -> bool:
+        """The prefill step pulls the holding (planned, or done once the step succeeded)."""
+        return self.path is KVPath.PULL
+
+    @property
+    def local(self) -> bool:
+        return self.path is KVPath.LOCAL
+
+    def fall_back(self) -> None:
+        """A planned local turn or pull failed: the turn recomputes."""
+        self.path = KVPath.FALLBACK
+
+    def headers(self) -> dict[str, str]:
+        headers = {
+            protocol.HEADER_KV_PATH: self.path.value,
+            protocol.HEADER_REUSED_TOKENS: str(self.reused_tokens),
+            protocol.HEADER_SERVER_TIMING: self.server_timing(),
+        }
+        if self.request.session_id is not None:
+            headers[protocol.HEADER_RESPONSE_SESSION_ID] = self.request.session_id
+        return headers
+
+    def server_timing(self) -> str:
+        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds)."""
+        return ", ".join(f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items())
+
+    def breakdown(self) -> str:
+        return " ".join(f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items())

@@ -1,0 +1,178 @@
+"""Every name the router, the engines' connector and the launcher agree on, and its builders.
+
+docs/protocol.md section 5 is the prose version of this module (the client <-> router names
+live in ``agentkv.protocol``); keep the two in step. Standard library only: the router, the
+connector (inside vLLM), the bundle, the bench, the test doubles and scripts all import it,
+and it imports none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+__all__ = [
+    "API_KEYS_ENV",
+    "BLOCK_HASHES",
+    "CACHE_DIR_ENV",
+    "CLIENT_BASE_URL_ENV",
+    "CLIENT_LOGIT_BIAS_ENV",
+    "CLIENT_MODEL_ENV",
+    "DO_REMOTE_DECODE",
+    "DO_REMOTE_PREFILL",
+    "ENV_PREFIX",
+    "EXPIRES_AT",
+    "EXPIRES_IN_SECONDS",
+    "EXTRA_DEMOTE_TRANSFER_THREADS",
+    "EXTRA_IDLE_GRACE_MS",
+    "EXTRA_IDLE_MAX_WAIT_MS",
+    "EXTRA_IDLE_SLEEP_MS",
+    "EXTRA_MAX_RETENTION_SECONDS",
+    "EXTRA_NIXL_PROGRESS_DELAY_US",
+    "EXTRA_PULL_TIMEOUT_SECONDS",
+    "EXTRA_REPORT_QUEUE_SIZE",
+    "EXTRA_REPORT_TIMEOUT_SECONDS",
+    "EXTRA_ROUTER_URL",
+    "EXTRA_SECRET",
+    "HASH_BLOCK_SIZE",
+    "KV_TRANSFER_PARAMS",
+    "PORT_BASE_ENV",
+    "RELEASE",
+    "REMOTE_BLOCKS_EXPIRY_TIME",
+    "REMOTE_BLOCK_IDS",
+    "REMOTE_ENGINE_ID",
+    "REMOTE_HOST",
+    "REMOTE_NUM_TOKENS",
+    "REMOTE_PORT",
+    "REMOTE_REQUEST_ID",
+    "REPORT_PATH",
+    "REPORT_TICKET",
+    "RETENTION_SECONDS",
+    "ROUTER_URL_ENV",
+    "SECRET_ENV",
+    "SECRET_HEADER",
+    "TAIL_TOKEN_IDS",
+    "TICKET",
+    "cold_prefill_params",
+    "decode_params",
+    "holding_report",
+    "pull_prefill_params",
+    "release_body",
+    "transfer_params",
+]
+
+# The request and response field that carries everything below.
+KV_TRANSFER_PARAMS: Final = "kv_transfer_params"
+
+# Upstream NixlConnector fields the router writes or reads (the rest pass through opaque).
+DO_REMOTE_DECODE: Final = "do_remote_decode"
+DO_REMOTE_PREFILL: Final = "do_remote_prefill"
+REMOTE_ENGINE_ID: Final = "remote_engine_id"
+REMOTE_BLOCK_IDS: Final = "remote_block_ids"
+REMOTE_HOST: Final = "remote_host"
+REMOTE_PORT: Final = "remote_port"
+REMOTE_REQUEST_ID: Final = "remote_request_id"
+REMOTE_NUM_TOKENS: Final = "remote_num_tokens"
+# D's own perf_counter deadline: meaningless on other hosts (agentkv sends EXPIRES_* instead).
+REMOTE_BLOCKS_EXPIRY_TIME: Final = "remote_blocks_expiry_time"
+
+# agentkv's fields, all prefixed ``agentkv_``.
+# Router -> D, with the decode step.
+RETENTION_SECONDS: Final = "agentkv_retention_seconds"
+TICKET: Final = "agentkv_ticket"
+# Router -> D, alone on a tiny request: free these retained requests' blocks now.
+RELEASE: Final = "agentkv_release"
+# D -> router, in the returned params and the holding report.
+EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
+# D -> P (opaque to the router): the retention deadline as Unix time, so that P's scheduler
+# can skip a holding that is gone before it parks the request waiting for it.
+EXPIRES_AT: Final = "agentkv_expires_at"
+# D -> P (opaque to the router): the held prefix's fingerprint (connector/prefix.py).
+BLOCK_HASHES: Final = "agentkv_block_hashes"
+HASH_BLOCK_SIZE: Final = "agentkv_hash_block_size"
+TAIL_TOKEN_IDS: Final = "agentkv_tail_token_ids"
+
+# D -> router: the holding report of a ticketed request (streamed turns).
+REPORT_PATH: Final = "/internal/v1/kv-holdings"
+SECRET_HEADER: Final = "x-agentkv-secret"
+REPORT_TICKET: Final = "ticket"
+
+# The connector's keys in vLLM's ``kv_connector_extra_config`` (docs/connector.md).
+EXTRA_ROUTER_URL: Final = "agentkv_router_url"
+EXTRA_SECRET: Final = "agentkv_secret"
+EXTRA_MAX_RETENTION_SECONDS: Final = "agentkv_max_retention_seconds"
+EXTRA_REPORT_QUEUE_SIZE: Final = "agentkv_report_queue_size"
+EXTRA_REPORT_TIMEOUT_SECONDS: Final = "agentkv_report_timeout_seconds"
+EXTRA_PULL_TIMEOUT_SECONDS: Final = "agentkv_pull_timeout_seconds"
+EXTRA_NIXL_PROGRESS_DELAY_US: Final = "agentkv_nixl_progress_delay_us"
+EXTRA_DEMOTE_TRANSFER_THREADS: Final = "agentkv_demote_transfer_threads"
+EXTRA_IDLE_GRACE_MS: Final = "agentkv_idle_grace_ms"
+EXTRA_IDLE_SLEEP_MS: Final = "agentkv_idle_sleep_ms"
+EXTRA_IDLE_MAX_WAIT_MS: Final = "agentkv_idle_max_wait_ms"
+
+# Environment variables. ``AGENTKV_<FIELD>`` sets any router setting; ``__`` reaches into a
+# group: ``AGENTKV_RETENTION__MAX_S``.
+ENV_PREFIX: Final = "AGENTKV_"
+SECRET_ENV: Final = "AGENTKV_SECRET"
+API_KEYS_ENV: Final = "AGENTKV_API_KEYS"
+# Where an engine's connector sends holding reports (when its extra config names none).
+ROUTER_URL_ENV: Final = "AGENTKV_ROUTER_URL"
+PORT_BASE_ENV: Final = "AGENTKV_PORT_BASE"
+CACHE_DIR_ENV: Final = "AGENTKV_CACHE_DIR"
+# What the examples read (examples/_common.py): where to send requests, and for a random-weight
+# test model the logit_bias that lets it write complete tool calls (a real model needs none).
+CLIENT_BASE_URL_ENV: Final = "AGENTKV_BASE_URL"
+CLIENT_MODEL_ENV: Final = "AGENTKV_MODEL"
+CLIENT_LOGIT_BIAS_ENV: Final = "AGENTKV_TOOL_LOGIT_BIAS"
+
+_COLD_PREFILL: Final[Mapping[str, Any]] = {
+    DO_REMOTE_DECODE: True,
+    DO_REMOTE_PREFILL: False,
+    REMOTE_ENGINE_ID: None,
+    REMOTE_BLOCK_IDS: None,
+    REMOTE_HOST: None,
+    REMOTE_PORT: None,
+}
+
+
+def cold_prefill_params() -> dict[str, Any]:
+    """P's params for a turn with nothing to pull (step P, cold): a fresh dict."""
+    return dict(_COLD_PREFILL)
+
+
+def pull_prefill_params(holding: Mapping[str, Any]) -> dict[str, Any]:
+    """P's params for a turn that pulls ``holding`` (D's returned params) from its holder."""
+    return {**holding, DO_REMOTE_DECODE: True}
+
+
+def decode_params(
+    prefill: Mapping[str, Any] | None, *, retention_s: float | None, ticket: str | None
+) -> dict[str, Any]:
+    """D's params: P's returned params plus agentkv's retention and ticket (None: not sent)."""
+    params = dict(prefill or {})
+    if retention_s is not None:
+        params[RETENTION_SECONDS] = retention_s
+    if ticket is not None:
+        params[TICKET] = ticket
+    return params
+
+
+def release_body(model: str, request_ids: Sequence[str]) -> dict[str, Any]:
+    """The tiny completion that asks a decode engine to free these retained requests now."""
+    return {
+        "model": model,
+        "prompt": ".",
+        "max_tokens": 1,
+        KV_TRANSFER_PARAMS: {RELEASE: list(request_ids)},
+    }
+
+
+def holding_report(ticket: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The body D's connector posts to ``REPORT_PATH`` when a ticketed request finishes."""
+    return {REPORT_TICKET: ticket, KV_TRANSFER_PARAMS: dict(params)}
+
+
+def transfer_params(body: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's or answer's ``kv_transfer_params`` (empty when absent or not an object)."""
+    params = (body or {}).get(KV_TRANSFER_PARAMS)
+    return params if isinstance(params, dict) else {}
