@@ -1,11 +1,13 @@
 """What the examples share: where the server is, the task and its real tools, the turn report.
 
-The task: read a file in a temporary folder, add two numbers found in it, look a country's
-capital up in a table, then answer in text. Each model call but the last is made to call the
-tool of its step (``tool_choice`` names it); the tools really run. The schemas are bounded
-(file names and countries are ``enum`` lists, numbers have a range, ``strict`` tools): a small
-model decodes its arguments under them, and unbounded strings are where SmolLM2-135M loops
-(docs/integrations.md has the measured call rates, scripts/measure_tool_calls.py measures them).
+The task: read a file in a temporary folder, look up the capital of the country it names in a
+table, add two numbers the user gives, then answer. Each tool turn forces a call
+(``tool_choice``: the step's tool, or ``required``); the tools really run. The schemas are
+bounded (file names and countries are ``enum`` lists, numbers have a range, ``strict`` tools) and
+the answer turn is a structured output (``ANSWER_FORMAT``): a 135M model decodes its arguments
+and its answer under them. The system prompt works one whole example through with other names
+and numbers, so what the model copies is the pattern, not the values. docs/integrations.md has
+the measured call rates; scripts/measure_tool_calls.py measures them.
 
 Environment: AGENTKV_BASE_URL (default http://127.0.0.1:8000/v1, what ``agentkv serve`` listens
 on), AGENTKV_MODEL (default: the server's first model), OPENAI_API_KEY (default "-"),
@@ -20,6 +22,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +36,70 @@ TURNS = max(2, int(os.environ.get("AGENTKV_TURNS", "4")))
 LOGIT_BIAS: dict[str, int] | None = json.loads(os.environ.get("AGENTKV_TOOL_LOGIT_BIAS") or "null")
 MAX_TOKENS = 48
 
-# The folder the file tools work in, and the lookup table.
-FILES = {
-    "prices.txt": "bread: 3\nmilk: 2\ncheese: 7\n",
-    "notes.txt": "Buy bread and milk on Monday.\n",
-    "todo.txt": "Call Anna. Water the plants.\n",
-}
 CAPITALS = {"France": "Paris", "Italy": "Rome", "Japan": "Tokyo", "Spain": "Madrid"}
+FILE_NAMES = ("notes.txt", "todo.txt", "trip.txt")
 
-PROMPT = (
-    "Read the file prices.txt, add the price of bread and the price of milk, "
-    "and look up the capital of Italy."
-)
-# One short worked example: a 135M model copies the call format and the habit of taking
-# arguments from the conversation.
+
+@dataclass(frozen=True)
+class Task:
+    """One instance of the task: which file names which country, and the two numbers."""
+
+    file: str
+    country: str
+    a: int
+    b: int
+
+    @property
+    def prompt(self) -> str:
+        return (
+            f"Read the file {self.file}, look up the capital of the country in it, "
+            f"and add {self.a} and {self.b}."
+        )
+
+    def files(self) -> dict[str, str]:
+        """The work folder: the task's file names the country, the others do not."""
+        other = {"notes.txt": "Buy bread and milk.\n", "todo.txt": "Call Anna.\n"}
+        trip = {"trip.txt": "Pack the bags.\n"}
+        return {**other, **trip, self.file: f"Trip to {self.country} in May.\n"}
+
+    def plan(self) -> list[tuple[str, dict[str, Any], str]]:
+        """Each step's tool, its right arguments, and what the tool answers."""
+        return [
+            ("read_file", {"name": self.file}, self.files()[self.file]),
+            ("capital", {"country": self.country}, CAPITALS[self.country]),
+            ("add", {"a": self.a, "b": self.b}, str(self.a + self.b)),
+        ]
+
+    def answer(self) -> dict[str, Any]:
+        """The right final answer, as ANSWER_FORMAT shapes it."""
+        return {
+            "country": self.country,
+            "capital": CAPITALS[self.country],
+            "total": self.a + self.b,
+        }
+
+
+TASK = Task(file="trip.txt", country="Japan", a=120, b=45)
+PROMPT = TASK.prompt
+# One worked example of the whole task, with names and numbers the task never uses (Peru is in
+# no table, plan.txt in no folder): the model copies the call format and where arguments come
+# from. The user gives the numbers: SmolLM2-135M copies numbers from the request, but not out of
+# a tool result, where it wrote the worked example's instead (docs/integrations.md).
 SYSTEM = (
     "You are a helpful assistant with tools. Call one tool at a time, with arguments taken "
     "from the user's request and the tool results. Example:\n"
-    "user: What is 4 plus 5?\n"
-    'assistant: <tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}</tool_call>\n'
-    "tool: 9\n"
-    "assistant: 4 plus 5 is 9."
+    "user: Read plan.txt, look up the capital of the country in it, and add 7 and 8.\n"
+    'assistant: <tool_call>{"name": "read_file", "arguments": {"name": "plan.txt"}}</tool_call>\n'
+    "tool: Visit Peru in June.\n"
+    'assistant: <tool_call>{"name": "capital", "arguments": {"country": "Peru"}}</tool_call>\n'
+    "tool: Lima\n"
+    'assistant: <tool_call>{"name": "add", "arguments": {"a": 7, "b": 8}}</tool_call>\n'
+    "tool: 15\n"
+    "assistant: The capital of Peru is Lima, and 7 plus 8 is 15."
 )
 
 _folder = Path(tempfile.mkdtemp(prefix="agentkv-example-"))
-for _name, _text in FILES.items():
+for _name, _text in TASK.files().items():
     (_folder / _name).write_text(_text)
 
 
@@ -88,8 +130,8 @@ def capital(country: str) -> str:
     return CAPITALS.get(str(country), f"error: {country!r} is not in the table")
 
 
-TOOLS: dict[str, Callable[..., str]] = {"read_file": read_file, "add": add, "capital": capital}
-PLAN = list(TOOLS)  # the tool each step calls, in order
+TOOLS: dict[str, Callable[..., str]] = {"read_file": read_file, "capital": capital, "add": add}
+PLAN = [tool for tool, _, _ in TASK.plan()]  # the tool each step calls, in order
 
 
 def _object(**properties: dict[str, Any]) -> dict[str, Any]:
@@ -105,9 +147,9 @@ def _object(**properties: dict[str, Any]) -> dict[str, Any]:
 _NUMBER = {"type": "integer", "minimum": 0, "maximum": 999}
 # Bounded schemas: the server decodes arguments under them (OpenAI's ``strict`` function tools).
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "read_file": _object(name={"type": "string", "enum": sorted(FILES)}),
-    "add": _object(a=_NUMBER, b=_NUMBER),
+    "read_file": _object(name={"type": "string", "enum": list(FILE_NAMES)}),
     "capital": _object(country={"type": "string", "enum": sorted(CAPITALS)}),
+    "add": _object(a=_NUMBER, b=_NUMBER),
 }
 TOOL_SPECS = [
     {
@@ -121,6 +163,30 @@ TOOL_SPECS = [
     }
     for name, tool in TOOLS.items()
 ]
+
+
+# The answer turn: a structured output the model fills from the tool results. Free text after
+# three calls is a fourth call written out as text on this model; a free capital string was
+# "Lasagna", a capital alone always the first one it liked; naming the country first, it picks
+# the capital that goes with it (docs/integrations.md).
+ANSWER_SCHEMA = _object(
+    country={"type": "string", "enum": sorted(CAPITALS)},
+    capital={"type": "string", "enum": sorted(CAPITALS.values())},
+    total={"type": "integer", "minimum": 0, "maximum": 9999},
+)
+ANSWER_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True},
+}
+
+
+def format_answer(content: str | None) -> str:
+    """The answer turn's JSON as a sentence; any other text as it came."""
+    try:
+        answer = json.loads(content or "")
+        return f"the capital of {answer['country']} is {answer['capital']}, the total is {answer['total']}"
+    except (ValueError, TypeError, KeyError):
+        return (content or "").strip()
 
 
 def tool_for_turn(turn: int) -> str:
@@ -192,5 +258,5 @@ def report(session: agentkv.Session, answer: str | None = None) -> None:
     for info in session.turns:
         print(format_turn(info), flush=True)
     if answer is not None:
-        print(f"answer: {answer.strip()}", flush=True)
+        print(f"answer: {format_answer(answer)}", flush=True)
     print(summary(session), flush=True)

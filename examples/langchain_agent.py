@@ -3,8 +3,9 @@
     .venv/bin/agentkv serve --run "python examples/langchain_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/langchain_agent.py
 
-Does the task of _common.py (a file, an addition, a lookup table) with LangChain tools over the
-same functions, prints each tool call, the turns' TTFT and KV path, and the answer.
+Does the task of _common.py (a file, a lookup table, an addition) with LangChain tools over the
+same functions, prints each tool call, the turns' TTFT and KV path, and the answer (the last turn
+binds ``tool_choice="none"`` and the answer's JSON schema).
 
 What agentkv changes in a LangGraph program: ``ChatOpenAI`` comes from ``agentkv_langchain``
 and the run's callbacks hold an ``AgentKVCallbackHandler``; the thread id is the session id.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import uuid
 
 from _common import (
+    ANSWER_FORMAT,
     API_KEY,
     BASE_URL,
     LOGIT_BIAS,
@@ -63,11 +65,14 @@ def build_graph(model: ChatOpenAI) -> CompiledStateGraph:
         turn = 1 + sum(isinstance(message, AIMessage) for message in state["messages"])
         if turn >= TURNS:
             thread_session(config["configurable"]["thread_id"]).end_next_turn()
-        choice = "none" if turn >= TURNS else tool_for_turn(turn)
-        reply = model.bind_tools(LANG_TOOLS, tool_choice=choice, strict=True).invoke(
-            state["messages"], config
-        )
-        return {"messages": [reply]}
+        if turn >= TURNS:
+            bound = model.bind_tools(
+                LANG_TOOLS, tool_choice="none", strict=True,
+                response_format=ANSWER_FORMAT["json_schema"],
+            )  # fmt: skip
+        else:
+            bound = model.bind_tools(LANG_TOOLS, tool_choice=tool_for_turn(turn), strict=True)
+        return {"messages": [bound.invoke(state["messages"], config)]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)

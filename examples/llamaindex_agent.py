@@ -3,9 +3,9 @@
     .venv/bin/agentkv serve --run "python examples/llamaindex_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/llamaindex_agent.py
 
-Does the task of _common.py (a file, an addition, a lookup table) with LlamaIndex function tools
+Does the task of _common.py (a file, a lookup table, an addition) with LlamaIndex function tools
 whose typed signatures give the same bounded schemas, prints each tool call, the turns' TTFT and
-KV path, and the answer.
+KV path, and the answer (the last turn asks for the answer's JSON schema, ``tool_choice="none"``).
 
 What agentkv changes in a LlamaIndex program: ``OpenAILike`` comes from ``agentkv_llamaindex``,
 and the run starts with ``agentkv_llamaindex.run(workflow, ...)`` instead of ``workflow.run(...)``.
@@ -17,10 +17,11 @@ import asyncio
 from typing import Literal
 
 from _common import (
+    ANSWER_FORMAT,
     API_KEY,
     BASE_URL,
     CAPITALS,
-    FILES,
+    FILE_NAMES,
     LOGIT_BIAS,
     MAX_TOKENS,
     PROMPT,
@@ -43,7 +44,7 @@ from agentkv_llamaindex import OpenAILike, run
 
 # Evaluated annotations (no `from __future__ import annotations`): LlamaIndex builds each tool's
 # schema from them, so a Literal becomes an enum.
-FileName = Literal[tuple(sorted(FILES))]  # type: ignore[valid-type]
+FileName = Literal[FILE_NAMES]  # type: ignore[valid-type]
 Country = Literal[tuple(sorted(CAPITALS))]  # type: ignore[valid-type]
 
 
@@ -71,8 +72,8 @@ def capital(country: Country) -> str:
 
 TOOLS = [
     FunctionTool.from_defaults(read_file),
-    FunctionTool.from_defaults(add, fn_schema=Numbers),
     FunctionTool.from_defaults(capital),
+    FunctionTool.from_defaults(add, fn_schema=Numbers),
 ]
 
 
@@ -106,9 +107,14 @@ class TaskAgent(Workflow):
         last = turn >= TURNS
         if last:
             agentkv.current_session().end_next_turn()
-        choice = "none" if last else {"type": "function", "function": {"name": tool_for_turn(turn)}}
+        if last:
+            options = {"tool_choice": "none", "response_format": ANSWER_FORMAT}
+        else:
+            options = {
+                "tool_choice": {"type": "function", "function": {"name": tool_for_turn(turn)}}
+            }
         response = await self.llm.achat_with_tools(
-            TOOLS, chat_history=self.history, tool_choice=choice, strict=True
+            TOOLS, chat_history=self.history, strict=True, **options
         )
         self.history.append(response.message)
         calls = self.llm.get_tool_calls_from_response(response, error_on_no_tool_call=False)

@@ -3,9 +3,11 @@
     .venv/bin/agentkv serve --run "python examples/openai_agents_agent.py"
     AGENTKV_BASE_URL=https://host/v1 python examples/openai_agents_agent.py
 
-Does the task of _common.py (a file, an addition, a lookup table) with ``tool_choice:
-required`` on every turn (the model picks the tool), prints each tool call, the turns' TTFT and
-KV path, and the last tool result as the answer.
+Does the task of _common.py (a file, a lookup table, an addition) with Agents SDK function tools
+over the same functions and schemas, prints each tool call, the turns' TTFT and KV path, and the
+answer. A run hook names each step's tool in ``tool_choice`` and, after the last step, asks for
+the answer's JSON schema with ``tool_choice: none``, as the other examples do (with ``required``
+this model's first call is ``capital(France)``: docs/integrations.md).
 
 What agentkv changes in an Agents SDK program: ``Runner`` comes from ``agentkv_openai_agents``
 and the model's client is an ``agentkv.AsyncOpenAI``. A run given a memory session
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import (
+    ANSWER_FORMAT,
     API_KEY,
     BASE_URL,
     LOGIT_BIAS,
@@ -33,16 +36,17 @@ from _common import (
     model_name,
     report,
     run_tool,
+    tool_for_turn,
 )
 from agents import (
     Agent,
-    FunctionToolResult,
+    ModelResponse,
     ModelSettings,
     OpenAIChatCompletionsModel,
     RunConfig,
     RunContextWrapper,
+    RunHooks,
     SQLiteSession,
-    ToolsToFinalOutputResult,
 )
 from agents.tool import FunctionTool
 
@@ -67,19 +71,25 @@ def local_tool(name: str, func: Callable[..., str]) -> FunctionTool:
     )
 
 
-class StopAfterToolTurns:
-    """Ends the run after ``turns`` tool turns: ``tool_choice`` forces a tool on every turn."""
+class FollowThePlan(RunHooks[Any]):
+    """Sets the next model call's options after each one: the step's tool in ``tool_choice``,
+    then the answer turn. The runner reads ``run_config.model_settings`` anew for every call."""
 
-    def __init__(self, turns: int) -> None:
-        self.turns = turns
-        self.done = 0
+    def __init__(self) -> None:
+        self.turn = 1
+        self.run_config = RunConfig(tracing_disabled=True, model_settings=self.settings(1))
 
-    def __call__(
-        self, context: RunContextWrapper[Any], results: list[FunctionToolResult]
-    ) -> ToolsToFinalOutputResult:
-        self.done += 1
-        final = str(results[-1].output) if results else None
-        return ToolsToFinalOutputResult(is_final_output=self.done >= self.turns, final_output=final)
+    @staticmethod
+    def settings(turn: int) -> ModelSettings:
+        if turn >= TURNS:
+            return ModelSettings(tool_choice="none", extra_args={"response_format": ANSWER_FORMAT})
+        return ModelSettings(tool_choice=tool_for_turn(turn))
+
+    async def on_llm_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
+    ) -> None:
+        self.turn += 1
+        self.run_config.model_settings = self.settings(self.turn)
 
 
 async def main() -> None:
@@ -89,20 +99,19 @@ async def main() -> None:
         instructions=SYSTEM,
         model=OpenAIChatCompletionsModel(model=model_name(), openai_client=client),
         model_settings=ModelSettings(
-            tool_choice="required",
             max_tokens=MAX_TOKENS,
             temperature=0,
             extra_args={"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else None,
         ),
         tools=[local_tool(name, func) for name, func in TOOLS.items()],
         reset_tool_choice=False,
-        tool_use_behavior=StopAfterToolTurns(TURNS - 1),
     )
     memory = SQLiteSession(f"agents-{uuid.uuid4().hex[:12]}")
-    print(f"Agents SDK run: {TURNS - 1} turns at {BASE_URL}", flush=True)
+    print(f"Agents SDK run: {TURNS} turns at {BASE_URL}", flush=True)
     print(f"task: {PROMPT}", flush=True)
+    plan = FollowThePlan()
     result = await Runner.run(
-        agent, PROMPT, session=memory, max_turns=TURNS, run_config=RunConfig(tracing_disabled=True)
+        agent, PROMPT, session=memory, max_turns=TURNS, hooks=plan, run_config=plan.run_config
     )
     report(conversation_session(memory), str(result.final_output or ""))
 

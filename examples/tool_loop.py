@@ -3,8 +3,8 @@
     .venv/bin/agentkv serve --run "python examples/tool_loop.py"       # local stack
     AGENTKV_BASE_URL=https://host/v1 python examples/tool_loop.py    # any OpenAI-compatible server
 
-Does the task of _common.py with real tools (a file in a temporary folder, an addition, a
-lookup table), printing each tool call, then per model call its TTFT and whether the router
+Does the task of _common.py with real tools (a file in a temporary folder, a lookup table, an
+addition), printing each tool call, then per model call its TTFT and whether the router
 reused the KV cache, the answer, and a summary of first-turn against follow-up TTFT.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from _common import (
+    ANSWER_FORMAT,
     API_KEY,
     BASE_URL,
     LOGIT_BIAS,
@@ -21,6 +22,7 @@ from _common import (
     SYSTEM,
     TOOL_SPECS,
     TURNS,
+    format_answer,
     format_call,
     format_turn,
     model_name,
@@ -32,11 +34,11 @@ from _common import (
 import agentkv
 
 
-def tool_choice(turn: int) -> Any:
-    """The step's tool on every turn but the last, which must answer in text."""
+def turn_options(turn: int) -> dict[str, Any]:
+    """The step's tool on every turn but the last, which answers in ANSWER_FORMAT."""
     if turn == TURNS:
-        return "none"
-    return {"type": "function", "function": {"name": tool_for_turn(turn)}}
+        return {"tool_choice": "none", "response_format": ANSWER_FORMAT}
+    return {"tool_choice": {"type": "function", "function": {"name": tool_for_turn(turn)}}}
 
 
 def main() -> None:
@@ -57,16 +59,16 @@ def main() -> None:
                 model=model,
                 messages=messages,
                 tools=TOOL_SPECS,
-                tool_choice=tool_choice(turn),
                 max_tokens=MAX_TOKENS,
                 temperature=0,
+                **turn_options(turn),
                 **({"logit_bias": LOGIT_BIAS} if LOGIT_BIAS else {}),
             )
             print(format_turn(session.last_turn), flush=True)
             message = reply.choices[0].message
             answer = message.content or ""
             messages.extend(follow_up(message))
-    print(f"answer: {answer.strip()}", flush=True)
+    print(f"answer: {format_answer(answer)}", flush=True)
     print(summary(session), flush=True)
 
 
