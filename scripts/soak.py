@@ -43,6 +43,7 @@ from typing import Any
 import psutil
 
 import agentkv
+from agentkv_server.bench.transfers import TransferTotals, parse_transfer_totals
 from agentkv_server.bundle.launcher import AGENTKV_CONNECTOR, EngineProcess, EngineSpec
 from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
@@ -57,7 +58,6 @@ HOLDINGS_EVERY_S = 10.0
 PORTS_FREE_WAIT_S = 60.0
 STALLS = ("agentkv_engine_errors_total", 'kind="stall"')
 FALLBACKS = ("agentkv_turns_total", 'path="fallback"')
-XFER_SUM, XFER_COUNT = "vllm:nixl_xfer_time_seconds_sum", "vllm:nixl_xfer_time_seconds_count"
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Sample:
 
     stalls: float
     fallbacks: float
-    transfers: dict[str, tuple[float, float]]  # engine -> (seconds, count), since its start
+    transfers: dict[str, TransferTotals]  # by engine, since its start
 
 
 @dataclass
@@ -291,9 +291,9 @@ class Soak:
         router = scrape(self.stack.endpoint)
         transfers = {}
         for engine in self.stack.engines:
-            text = scrape(engine.url)
-            if text is not None:
-                transfers[engine.name] = (total(text, XFER_SUM), total(text, XFER_COUNT))
+            totals = parse_transfer_totals(scrape(engine.url) or "")
+            if totals is not None:
+                transfers[engine.name] = totals
         return Sample(
             stalls=total(router or "", *STALLS),
             fallbacks=total(router or "", *FALLBACKS),
@@ -378,16 +378,14 @@ def print_thirds(samples: list[Sample]) -> None:
     print("\n| third | pull stalls | fallback turns | KV transfers | mean transfer ms |")
     print("|---|---|---|---|---|")
     for third, (before, after) in enumerate(itertools.pairwise(samples), start=1):
-        seconds = count = 0.0
-        for engine, (now_s, now_n) in after.transfers.items():
-            then_s, then_n = before.transfers.get(engine, (0.0, 0.0))
-            if now_n < then_n:  # restarted: its counters began again
-                then_s, then_n = 0.0, 0.0
-            seconds, count = seconds + now_s - then_s, count + now_n - then_n
-        mean = f"{1000 * seconds / count:.1f}" if count else "-"
+        moved = TransferTotals(0, 0.0)
+        for engine, now in after.transfers.items():
+            then = before.transfers.get(engine, TransferTotals(0, 0.0))
+            moved += now - then if now.reads >= then.reads else now  # restarted: counts anew
+        mean = f"{1000 * moved.seconds / moved.reads:.1f}" if moved.reads else "-"
         print(
             f"| {third} | {after.stalls - before.stalls:.0f} | "
-            f"{after.fallbacks - before.fallbacks:.0f} | {count:.0f} | {mean} |"
+            f"{after.fallbacks - before.fallbacks:.0f} | {moved.reads} | {mean} |"
         )
 
 
