@@ -250,8 +250,8 @@ class Soak:
         return None
 
     async def chaos(self) -> None:
-        """Kill a random engine every ``--kill-every`` seconds and start it again."""
-        while True:
+        """Kill a random engine every ``--kill-every`` seconds (0: never) and start it again."""
+        while self.args.kill_every > 0:
             await asyncio.sleep(self.args.kill_every)
             if time.monotonic() >= self.deadline - 30:
                 return
@@ -458,7 +458,7 @@ def main() -> None:
     parser.add_argument("--max-tool-gap", type=float, default=3.0, help="seconds, uniform")
     parser.add_argument("--stream-every", type=int, default=3)
     parser.add_argument("--oracle-every", type=int, default=4)
-    parser.add_argument("--kill-every", type=float, default=120.0, help="seconds")
+    parser.add_argument("--kill-every", type=float, default=120.0, help="seconds; 0: no kills")
     parser.add_argument("--turn-timeout", type=float, default=300.0)
     parser.add_argument("--policy", default="always", help="the router's (always: every pull)")
     parser.add_argument("--model", default="tiny")

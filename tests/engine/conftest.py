@@ -85,40 +85,49 @@ def probe_of(stack: Stack) -> KVProbe:
 
 
 @contextmanager
-def extra_engine_like(model: EngineProcess, log_path: Path) -> Iterator[EngineProcess]:
-    """An engine like ``model`` (role, model, cores) on ports of its own, for a test to kill
-    (killing one of the stack's own would break every later test)."""
-    port, side_channel_port = free_ports(2)
-    spec = dataclasses.replace(
-        model.spec, port=port, side_channel_port=side_channel_port, log_path=log_path
-    )
-    engine = EngineProcess(spec)
-    engine.start()
+def extra_engines_like(
+    models: dict[str, EngineProcess], log_dir: Path
+) -> Iterator[dict[str, EngineProcess]]:
+    """Engines like ``models`` (role, model, cores) on ports of their own, for tests to kill
+    (killing one of the stack's own would break every later test). They start together: an
+    engine's start is mostly single-threaded imports, so two take about as long as one."""
+    engines: dict[str, EngineProcess] = {}
     try:
-        engine.wait_healthy(timeout=600)
-        yield engine
+        for name, model in models.items():
+            port, side_channel_port = free_ports(2)
+            spec = dataclasses.replace(
+                model.spec,
+                port=port,
+                side_channel_port=side_channel_port,
+                log_path=log_dir / f"{name}.log",
+            )
+            engines[name] = EngineProcess(spec)
+            engines[name].start()
+        for engine in engines.values():
+            engine.wait_healthy(timeout=600)
+        yield engines
     finally:
-        engine.stop()
-
-
-@pytest.fixture
-def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    with extra_engine_like(stack.decode[0], tmp_path / "doomed-decode.log") as engine:
-        yield engine
-
-
-@pytest.fixture
-def doomed_prefill(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    with extra_engine_like(stack.prefill[0], tmp_path / "doomed-prefill.log") as engine:
-        yield engine
+        for engine in engines.values():
+            engine.stop()
 
 
 @pytest.fixture(scope="module")
-def second_decode(
+def extra_engines(
     stack: Stack, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EngineProcess]:
-    """A second decode engine beside the stack's, so that routers of a module can run 1P2D; one
-    start serves the whole module (a start costs 30-90 s), so its last user may kill it."""
-    log_path = tmp_path_factory.mktemp("second-decode") / "second-decode.log"
-    with extra_engine_like(stack.decode[0], log_path) as engine:
-        yield engine
+) -> Iterator[dict[str, EngineProcess]]:
+    """A second decode engine beside the stack's, so that routers of a module can run 1P2D,
+    and a spare prefill engine to kill; one start serves the whole module (a start costs
+    30-90 s), so the last user of each may kill it."""
+    models = {"second-decode": stack.decode[0], "spare-prefill": stack.prefill[0]}
+    with extra_engines_like(models, tmp_path_factory.mktemp("extra-engines")) as engines:
+        yield engines
+
+
+@pytest.fixture(scope="module")
+def second_decode(extra_engines: dict[str, EngineProcess]) -> EngineProcess:
+    return extra_engines["second-decode"]
+
+
+@pytest.fixture(scope="module")
+def doomed_prefill(extra_engines: dict[str, EngineProcess]) -> EngineProcess:
+    return extra_engines["spare-prefill"]

@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,31 +32,64 @@ RIGHT_ANSWER = "answer: the capital of Japan is Tokyo, the total is 165"
 pytestmark = pytest.mark.engine
 
 
-def run_example(
-    stack: Stack, example: str, turns: int
-) -> tuple[list[re.Match[str]], list[str], list[str]]:
-    """The example's turn lines, its tool results, and its output lines."""
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / example)],
-        check=False,
-        env={**os.environ, **stack.client_environment(), "AGENTKV_TURNS": str(turns)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    tool_results = [m.group(3) for line in lines if (m := TOOL_LINE.match(line))]
-    return [m for line in lines if (m := TURN_LINE.match(line))], tool_results, lines
+EXAMPLE_NAMES = [
+    "tool_loop.py",
+    "langchain_agent.py",
+    "llamaindex_agent.py",
+    "openai_agents_agent.py",
+]
+TURNS = 4
 
 
-@pytest.mark.parametrize(
-    "example",
-    ["tool_loop.py", "langchain_agent.py", "llamaindex_agent.py", "openai_agents_agent.py"],
-)
-def test_example_runs_a_tool_loop_that_reuses_kv(real_stack: Stack, example: str) -> None:
-    lines, tool_results, output = run_example(real_stack, example, turns=4)
-    assert [int(m.group(1)) for m in lines] == [1, 2, 3, 4]
+@dataclass
+class ExampleRun:
+    process: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    def output(self) -> tuple[list[re.Match[str]], list[str], list[str]]:
+        """The example's turn lines, its tool results, and its output lines."""
+        returncode = self.process.wait(timeout=600)
+        stdout, stderr = self.stdout.read_text(), self.stderr.read_text()
+        assert returncode == 0, stdout + stderr
+        lines = stdout.splitlines()
+        tool_results = [m.group(3) for line in lines if (m := TOOL_LINE.match(line))]
+        return [m for line in lines if (m := TURN_LINE.match(line))], tool_results, lines
+
+
+@pytest.fixture(scope="module")
+def example_runs(
+    real_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ExampleRun]]:
+    """Every example started at once, as four users of one stack would: the engines batch
+    their steps, so together they take little longer than the slowest alone."""
+    env = {**os.environ, **real_stack.client_environment(), "AGENTKV_TURNS": str(TURNS)}
+    out = tmp_path_factory.mktemp("examples")
+    runs: dict[str, ExampleRun] = {}
+    try:
+        for example in EXAMPLE_NAMES:
+            stdout, stderr = out / f"{example}.out", out / f"{example}.err"
+            with stdout.open("wb") as out_file, stderr.open("wb") as err_file:
+                process = subprocess.Popen(
+                    [sys.executable, str(EXAMPLES / example)],
+                    env=env,
+                    stdout=out_file,
+                    stderr=err_file,
+                )
+            runs[example] = ExampleRun(process, stdout, stderr)
+        yield runs
+    finally:
+        for run in runs.values():
+            run.process.kill()
+            run.process.wait()
+
+
+@pytest.mark.parametrize("example", EXAMPLE_NAMES)
+def test_example_runs_a_tool_loop_that_reuses_kv(
+    example_runs: dict[str, ExampleRun], example: str
+) -> None:
+    lines, tool_results, output = example_runs[example].output()
+    assert [int(m.group(1)) for m in lines] == list(range(1, TURNS + 1))
     assert lines[0].group(2) in {"recompute", "fallback"}
     assert any(m.group(2) == "reuse" for m in lines[1:])
     assert all("after tool results" in m.string for m in lines[1:])
