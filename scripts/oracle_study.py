@@ -22,7 +22,7 @@ from pathlib import Path
 from agentkv_server import wire
 from agentkv_server.bundle.stack import Stack, StackConfig
 from agentkv_server.connector import PrefixFingerprint
-from agentkv_server.testing.probe import EngineClient, KVProbe, PrefillStep, logprob_gap
+from agentkv_server.testing.probe import EngineClient, KVProbe, PrefillStep
 
 # 2000 + 49 - 1 = 2048 held tokens: 16 whole CPU blocks (128 tokens), so D's own prefix cache
 # covers exactly the tokens a pull copies and D's local answer is comparable bit for bit.
@@ -64,10 +64,10 @@ def trial(probe: KVProbe, seed: int) -> dict[str, float]:
         "local_gap": common_gap(local.top_logprobs, recomputed),
         "local_hits": local.local_hit_tokens,
         "reuse_gap": common_gap(reuse.top_logprobs, recomputed),
-        "reuse_same_top5": logprob_gap(reuse.top_logprobs, recomputed) < float("inf"),
+        "reuse_same_top5": reuse.top_logprobs.keys() == recomputed.keys(),
         "reuse_flip": greedy(reuse) != greedy(recomputed),
         "wrong_gap": common_gap(wrong.top_logprobs, recomputed),
-        "wrong_same_top5": logprob_gap(wrong.top_logprobs, recomputed) < float("inf"),
+        "wrong_same_top5": wrong.top_logprobs.keys() == recomputed.keys(),
         "wrong_flip": greedy(wrong) != greedy(recomputed),
         "top1_margin": top[0] - top[1],
         "pulled": reuse.pulled_tokens,

@@ -7,14 +7,21 @@ grows by the answer plus a tool result, a random tool gap between turns, every
 ``--stream-every``-th turn streamed, a fresh session after ``--turns`` turns. Every
 ``--kill-every`` seconds a random engine is SIGKILLed and started again on its ports. A sample
 of non-streamed turns (every ``--oracle-every``-th) is checked by the oracle: first-token top-5
-logprobs against a recompute from scratch (docs/engines.md). Prints turns sent / answered /
-correct, p50/p99 turn time per KV path in the first and last third, the errors, each process
-tree's RSS at start and end, and the router's holdings over time. docs/faults.md has results.
+logprobs against a recompute from scratch (docs/engines.md); each failed check is printed in
+full and written, with its prompt, to ``<log dir>/oracle-failures.jsonl``. Before a restart
+the soak waits up to ``PORTS_FREE_WAIT_S`` for the engine's ports (the router knows engines by
+address); a port still held fails that restart, naming its holder, and the kills go on.
+Prints turns sent / answered / correct, p50/p99 turn time per KV path in the first and last
+third, per third the router's pull stalls and fallback turns and the engines' KV transfer time,
+the errors, each process tree's RSS at start and end, and the router's holdings over time.
+``--connector-setting KEY=VALUE`` adds to the engines' ``kv_connector_extra_config``.
+docs/faults.md has results.
 
 Starts engines: run it under the machine's engine lock, e.g.
 
     flock /tmp/agentkv-engines.lock timeout 900 .venv/bin/python scripts/soak.py --minutes 3
     .venv/bin/python scripts/soak.py --minutes 30 --kill-every 180      # the long soak
+    .venv/bin/python scripts/soak.py --connector-setting agentkv_demote_transfer_threads=false
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
+import itertools
+import json
 import random
 import statistics
 import time
@@ -33,22 +43,67 @@ from typing import Any
 import psutil
 
 import agentkv
-from agentkv_server.bundle.launcher import EngineProcess
+from agentkv_server.bench.transfers import TransferTotals, parse_transfer_totals
+from agentkv_server.bundle.launcher import AGENTKV_CONNECTOR, EngineProcess, EngineSpec
+from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.errors import PortInUseError
 from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
 TOP_K = 5
 HOLDINGS_EVERY_S = 10.0
+# A killed engine's ports can stay held a while by its dying processes; the first soak's fourth
+# restart found one taken at once (docs/faults.md).
+PORTS_FREE_WAIT_S = 60.0
+STALLS = ("agentkv_engine_errors_total", 'kind="stall"')
+FALLBACKS = ("agentkv_turns_total", 'path="fallback"')
 
 
 @dataclass
 class Turn:
+    session: str
+    index: int  # 1 for a session's first turn
     began: float  # seconds since the soak started
     seconds: float
     path: str
     streamed: bool
     correct: bool | None = None  # None: not in the oracle's sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The oracle's recompute of one turn's first token, and how far the turn's answer was."""
+
+    gap: float
+    wanted: dict[str, float]
+    engine: str  # the engine that recomputed
+
+
+@dataclass(frozen=True)
+class OracleFailure:
+    turn: Turn
+    prompt: list[int]
+    got: dict[str, float]
+    verdict: Verdict
+
+    def describe(self) -> str:
+        turn, verdict = self.turn, self.verdict
+        return (
+            f"{turn.session} turn {turn.index} at {turn.began:.0f} s, path {turn.path}, "
+            f"{'streamed' if turn.streamed else 'not streamed'}, {len(self.prompt)} prompt "
+            f"tokens, recomputed on {verdict.engine}: gap {verdict.gap:.3g}\n"
+            f"    got    {top_k(self.got)}\n    wanted {top_k(verdict.wanted)}"
+        )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Counters read at the start of a third: the router's, and each engine's transfer time."""
+
+    stalls: float
+    fallbacks: float
+    transfers: dict[str, TransferTotals]  # by engine, since its start
 
 
 @dataclass
@@ -58,8 +113,11 @@ class Tally:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     checked: int = 0
     correct: int = 0
+    swaps_at_cut: int = 0  # correct, with top-k sets that differ by a swap within tolerance
+    failures: list[OracleFailure] = field(default_factory=list)
     kills: list[str] = field(default_factory=list)
     holdings: list[tuple[float, int]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
 
 
 class Soak:
@@ -79,26 +137,31 @@ class Soak:
 
     async def run(self) -> None:
         workers = [self.agent(index) for index in range(self.args.sessions)]
-        await asyncio.gather(*workers, self.chaos(), self.watch_holdings())
+        self.tally.samples.append(await asyncio.to_thread(self.sample))
+        await asyncio.gather(*workers, self.chaos(), self.watch_holdings(), self.watch_thirds())
+        self.tally.samples.append(await asyncio.to_thread(self.sample))
 
     async def agent(self, index: int) -> None:
         generation = 0
         while time.monotonic() < self.deadline:
             generation += 1
             prompt = self.tokens(self.args.history)
-            async with agentkv.session(f"soak-{index}-{generation}") as session:
+            name = f"soak-{index}-{generation}"
+            async with agentkv.session(name) as session:
                 for turn in range(self.args.turns):
                     if time.monotonic() >= self.deadline:
                         return
                     if turn == self.args.turns - 1:
                         session.end_next_turn()
-                    output = await self.turn(session, prompt)
+                    output = await self.turn(session, (name, turn + 1), prompt)
                     if output is None:
                         break  # a lost turn: the agent starts over
                     prompt = prompt + output + self.tokens(self.args.new_tokens)
                     await asyncio.sleep(self.rng.uniform(0, self.args.max_tool_gap))
 
-    async def turn(self, session: agentkv.Session, prompt: list[int]) -> list[int] | None:
+    async def turn(
+        self, session: agentkv.Session, where: tuple[str, int], prompt: list[int]
+    ) -> list[int] | None:
         """One turn; its output token ids, or None when it was not answered."""
         tally = self.tally
         tally.sent += 1
@@ -115,17 +178,35 @@ class Soak:
             return None
         last = session.last_turn
         record = Turn(
+            *where,
             began - self.started,
             time.monotonic() - began,
             (last.kv_path if last else None) or "?",
             streamed,
         )
         if checked and first_logprobs is not None:
-            record.correct = await asyncio.to_thread(self.oracle, prompt, first_logprobs)
-            tally.checked += 1
-            tally.correct += bool(record.correct)
+            verdict = await asyncio.to_thread(self.oracle, prompt, first_logprobs)
+            if verdict is not None:
+                self.judge(record, prompt, first_logprobs, verdict)
         tally.turns.append(record)
         return output
+
+    def judge(
+        self, record: Turn, prompt: list[int], got: dict[str, float], verdict: Verdict
+    ) -> None:
+        """Count the oracle's verdict; keep a failed check whole, to reproduce it."""
+        tally = self.tally
+        tally.checked += 1
+        record.correct = verdict.gap < LOGPROB_TOLERANCE
+        if record.correct:
+            tally.correct += 1
+            tally.swaps_at_cut += got.keys() != verdict.wanted.keys()
+            return
+        failure = OracleFailure(record, prompt, got, verdict)
+        tally.failures.append(failure)
+        self.args.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.args.log_dir / "oracle-failures.jsonl").open("a") as log:
+            log.write(json.dumps(dataclasses.asdict(failure)) + "\n")
 
     def create(self, prompt: list[int], **options: Any) -> Any:
         return self.client.completions.create(
@@ -155,17 +236,18 @@ class Soak:
             raise RuntimeError(f"stream ended after {len(output)} tokens")
         return output
 
-    def oracle(self, prompt: list[int], got: dict[str, float]) -> bool:
-        """The first token's top-k logprobs equal a recompute on any engine that is up."""
+    def oracle(self, prompt: list[int], got: dict[str, float]) -> Verdict | None:
+        """The first token's top-k logprobs recomputed on any engine that is up; None (an
+        error) when none answered."""
         for engine in self.stack.engines:
             client = EngineClient(engine.url, self.stack.served_name, timeout=120)
             try:
                 wanted = KVProbe(client, client, top_k=TOP_K).recomputed_logprobs(prompt)
             except OSError:
                 continue  # killed or restarting: try another
-            return logprob_gap(got, wanted) < LOGPROB_TOLERANCE
+            return Verdict(logprob_gap(got, wanted), wanted, engine.name)
         self.tally.errors["oracle: no engine answered"] += 1
-        return False
+        return None
 
     async def chaos(self) -> None:
         """Kill a random engine every ``--kill-every`` seconds and start it again."""
@@ -173,21 +255,50 @@ class Soak:
             await asyncio.sleep(self.args.kill_every)
             if time.monotonic() >= self.deadline - 30:
                 return
-            index = self.rng.randrange(len(self.stack.engines))
-            victim = self.stack.engines[index]
-            at = time.monotonic() - self.started
-            victim.kill()
-            began = time.monotonic()
-            replacement = EngineProcess(victim.spec)
-            self.stack.engines[index] = replacement
-            try:
-                await asyncio.to_thread(replacement.start)
-                await asyncio.to_thread(replacement.wait_healthy, 600)
-            except Exception as exc:  # noqa: BLE001 - a failed restart is a finding, not a crash
-                self.tally.errors[f"restart of {victim.name}: {str(exc).splitlines()[0]}"] += 1
-                return
-            took = time.monotonic() - began
-            self.tally.kills.append(f"{at:.0f} s: killed {victim.name}, back in {took:.0f} s")
+            await self.kill_and_restart(self.rng.randrange(len(self.stack.engines)))
+
+    async def kill_and_restart(self, index: int) -> None:
+        """SIGKILL engine ``index`` and start it again on its ports; a failed restart is an
+        error, and that engine stays down until a later kill picks it again."""
+        victim = self.stack.engines[index]
+        at = time.monotonic() - self.started
+        victim.kill()
+        began = time.monotonic()
+        replacement = EngineProcess(victim.spec)
+        self.stack.engines[index] = replacement
+        try:
+            await asyncio.to_thread(wait_ports_free, victim.spec, PORTS_FREE_WAIT_S)
+            freed = time.monotonic() - began
+            await asyncio.to_thread(replacement.start)
+            await asyncio.to_thread(replacement.wait_healthy, 600)
+        except Exception as exc:  # noqa: BLE001 - a failed restart is a finding, not a crash
+            self.tally.errors[f"restart of {victim.name}: {str(exc).splitlines()[0]}"] += 1
+            self.tally.kills.append(f"{at:.0f} s: killed {victim.name}, restart FAILED")
+            return
+        took = time.monotonic() - began
+        self.tally.kills.append(
+            f"{at:.0f} s: killed {victim.name}, ports free after {freed:.0f} s, back in {took:.0f} s"
+        )
+
+    async def watch_thirds(self) -> None:
+        """Sample the counters as the second and the last third begin."""
+        third = self.args.minutes * 60 / 3
+        for at in (third, 2 * third):
+            await asyncio.sleep(max(0.0, self.started + at - time.monotonic()))
+            self.tally.samples.append(await asyncio.to_thread(self.sample))
+
+    def sample(self) -> Sample:
+        router = scrape(self.stack.endpoint)
+        transfers = {}
+        for engine in self.stack.engines:
+            totals = parse_transfer_totals(scrape(engine.url) or "")
+            if totals is not None:
+                transfers[engine.name] = totals
+        return Sample(
+            stalls=total(router or "", *STALLS),
+            fallbacks=total(router or "", *FALLBACKS),
+            transfers=transfers,
+        )
 
     async def watch_holdings(self) -> None:
         while time.monotonic() < self.deadline:
@@ -196,15 +307,45 @@ class Soak:
             await asyncio.sleep(HOLDINGS_EVERY_S)
 
     def sessions_held(self) -> int:
+        text = scrape(self.stack.endpoint)
+        return -1 if text is None else round(total(text, "agentkv_sessions_held"))
+
+
+def wait_ports_free(spec: EngineSpec, seconds: float) -> None:
+    """Return once ``spec``'s ports are free; after ``seconds``, the PortInUseError that names
+    the port and its holder."""
+    deadline = time.monotonic() + seconds
+    while True:
         try:
-            with urllib.request.urlopen(self.stack.endpoint + "/metrics", timeout=5) as answer:
-                text = answer.read().decode()
-        except OSError:
-            return -1
-        for line in text.splitlines():
-            if line.startswith("agentkv_sessions_held "):
-                return int(float(line.split()[1]))
-        return -1
+            ensure_ports_free(spec.host, [spec.port, spec.side_channel_port])
+            return
+        except PortInUseError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
+
+
+def scrape(url: str) -> str | None:
+    """``url``'s /metrics text; None when it does not answer (a killed or restarting engine)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
+            return answer.read().decode()
+    except OSError:
+        return None
+
+
+def total(text: str, name: str, label: str = "") -> float:
+    """A metric summed over its label sets that contain ``label``."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " ")) and label in line
+    )
+
+
+def top_k(logprobs: dict[str, float]) -> str:
+    ranked = sorted(logprobs.items(), key=lambda item: -item[1])
+    return ", ".join(f"{token.removeprefix('token_id:')}: {value:.6f}" for token, value in ranked)
 
 
 def rss_mib(processes: list[ManagedProcess]) -> dict[str, float]:
@@ -231,12 +372,39 @@ def percentiles(seconds: list[float]) -> str:
     return f"{statistics.median(seconds):.2f} / {cuts[98]:.2f} ({len(seconds)})"
 
 
+def print_thirds(samples: list[Sample]) -> None:
+    """Per third: the router's pull stalls and fallback turns, the engines' KV transfers. An
+    engine restarted within a third counts only its transfers since the restart."""
+    print("\n| third | pull stalls | fallback turns | KV transfers | mean transfer ms |")
+    print("|---|---|---|---|---|")
+    for third, (before, after) in enumerate(itertools.pairwise(samples), start=1):
+        moved = TransferTotals(0, 0.0)
+        for engine, now in after.transfers.items():
+            then = before.transfers.get(engine, TransferTotals(0, 0.0))
+            moved += now - then if now.reads >= then.reads else now  # restarted: counts anew
+        mean = f"{1000 * moved.seconds / moved.reads:.1f}" if moved.reads else "-"
+        print(
+            f"| {third} | {after.stalls - before.stalls:.0f} | "
+            f"{after.fallbacks - before.fallbacks:.0f} | {moved.reads} | {mean} |"
+        )
+
+
 def report(soak: Soak, rss_start: dict[str, float], rss_end: dict[str, float]) -> None:
     tally, minutes = soak.tally, soak.args.minutes
     answered = len(tally.turns)
+    settings = ", ".join(f"{key}={value}" for key, value in soak.args.connector_setting)
     print(f"\n## soak: {minutes:g} min, {soak.args.sessions} sessions, 1P2D")
+    if settings:
+        print(f"connector settings: {settings}")
     print(f"turns sent {tally.sent}, answered {answered}, lost {tally.sent - answered}")
-    print(f"oracle sample: {tally.checked} checked, {tally.correct} correct")
+    print(
+        f"oracle sample: {tally.checked} checked, {tally.correct} correct "
+        f"({tally.swaps_at_cut} of them with a swap at the top-{TOP_K} cut within tolerance)"
+    )
+    for failure in tally.failures:
+        print(f"  WRONG: {failure.describe()}")
+    if tally.failures:
+        print(f"  (prompts in {soak.args.log_dir / 'oracle-failures.jsonl'})")
     third = minutes * 60 / 3
     print("\n| kv path | first third p50 / p99 s (n) | last third p50 / p99 s (n) |")
     print("|---|---|---|")
@@ -244,6 +412,7 @@ def report(soak: Soak, rss_start: dict[str, float], rss_end: dict[str, float]) -
         first = [t.seconds for t in tally.turns if t.path == path and t.began < third]
         last = [t.seconds for t in tally.turns if t.path == path and t.began >= 2 * third]
         print(f"| {path} | {percentiles(first)} | {percentiles(last)} |")
+    print_thirds(tally.samples)
     print("\nkills:", "; ".join(tally.kills) or "none")
     print("errors:", dict(tally.errors) or "none")
     print("\n| process | RSS at start MiB | RSS at end MiB |")
@@ -263,6 +432,21 @@ async def soak(stack: Stack, args: argparse.Namespace) -> None:
     report(run, rss_start, rss_mib(processes))
 
 
+def connector_setting(text: str) -> tuple[str, bool | int | float | str]:
+    """``KEY=VALUE``, the value as JSON would type it: true/false, an int, a float, else text."""
+    key, equals, raw = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -280,13 +464,23 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", type=Path, default=Path(".agentkv/soak"))
+    parser.add_argument(
+        "--connector-setting",
+        type=connector_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="into the engines' kv_connector_extra_config (true/false, numbers parsed); repeatable",
+    )
     args = parser.parse_args()
+    extra_config = {**AGENTKV_CONNECTOR.extra_config, **dict(args.connector_setting)}
     config = StackConfig(
         model=args.model,
         port=0,
         decode=2,
         log_dir=args.log_dir,
         router_settings={"policy": args.policy},
+        connector=dataclasses.replace(AGENTKV_CONNECTOR, extra_config=extra_config),
     )
     with Stack(config) as stack:
         asyncio.run(soak(stack, args))

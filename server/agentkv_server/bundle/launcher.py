@@ -98,14 +98,20 @@ class EngineSpec:
     dtype: str | None = None  # --dtype; None: the dtype agentkv prepared it in, else "auto"
     engine_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    # NIXL's engine id is ``name`` (readable, unique on one host) unless vLLM should draw a
-    # fresh one at every start: pullers tell a restarted engine by a new id at a known address,
-    # and a pod's restarted container keeps its name, port and address (docs/deploy.md).
+    # NIXL's engine id is ``name`` (readable, unique among the engines that pull from one
+    # another) unless vLLM should draw a fresh one at every start: pullers tell a restarted
+    # engine by a new id at a known address, and a pod's restarted container keeps its name,
+    # port and address (docs/deploy.md).
     fresh_engine_id: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.role}-{self.port}"
+        """``role-port`` on a loopback address, where every peer is on this host; elsewhere the
+        address too, since engines on other hosts may listen on the same port (two decode
+        engines both named ``decode-8100`` would be one peer to a prefill engine's NIXL)."""
+        if is_loopback(self.host):
+            return f"{self.role}-{self.port}"
+        return f"{self.role}-{self.host}-{self.port}"
 
     @property
     def url(self) -> str:

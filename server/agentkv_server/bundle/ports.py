@@ -33,6 +33,7 @@ _LINUX_DEFAULT_EPHEMERAL: Final = (32768, 60999)
 _DEFAULT_BASE: Final = 20000
 _POOL_SIZE: Final = 8000
 _FIRST_UNPRIVILEGED: Final = 1024
+_COMMAND_LINE_CHARS: Final = 160
 
 
 def ephemeral_port_range(path: Path = _EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
@@ -104,7 +105,8 @@ def free_ports(count: int, host: str = "127.0.0.1", *, pool: range | None = None
 
 
 def ensure_ports_free(host: str, ports: Sequence[int]) -> None:
-    """Raise PortInUseError naming the first port on ``host`` that a server could not bind now.
+    """Raise PortInUseError naming the first port on ``host`` that a server could not bind now,
+    and the processes holding it where psutil can see them.
 
     The probe binds the way servers do (``SO_REUSEADDR``), so connections of a stack that just
     stopped, still in TIME-WAIT, do not block a restart; a listener does.
@@ -115,9 +117,38 @@ def ensure_ports_free(host: str, ports: Sequence[int]) -> None:
                 probe.bind((host, port))
             except OSError as exc:
                 raise PortInUseError(
-                    f"port {port} on {host} is already in use ({exc.strerror}); "
+                    f"port {port} on {host} is already in use ({exc.strerror}){_held_by(port)}; "
                     "is another agentkv stack or server running?"
                 ) from None
+
+
+def _port_holders(port: int) -> list[str]:
+    """``pid N (command line)`` of each process with a TCP socket bound to local ``port``, as
+    far as this user may see them (others' sockets have no pid for an unprivileged user).
+    psutil comes with the engine extras; without it no process is named."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    holders = []
+    try:
+        connections = psutil.net_connections(kind="tcp")
+        pids = sorted({c.pid for c in connections if c.laddr and c.laddr.port == port and c.pid})
+        for pid in pids:
+            line = " ".join(psutil.Process(pid).cmdline()) or "?"
+            holders.append(f"pid {pid} ({_shortened(line)})")
+    except psutil.Error:
+        pass  # a holder that exited meanwhile, or sockets this user may not see
+    return holders
+
+
+def _held_by(port: int) -> str:
+    holders = _port_holders(port)
+    return f", held by {', '.join(holders)}" if holders else ""
+
+
+def _shortened(line: str) -> str:
+    return line if len(line) <= _COMMAND_LINE_CHARS else line[: _COMMAND_LINE_CHARS - 3] + "..."
 
 
 def _listener_socket(host: str) -> socket.socket:

@@ -10,6 +10,7 @@ whether reused KV equals recomputed KV (docs/engines.md).
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -178,8 +179,20 @@ class KVProbe:
 
 
 def logprob_gap(got: Mapping[str, float], want: Mapping[str, float]) -> float:
-    """Largest difference between two top-k logprob maps; infinite when their tokens differ
-    (a token in one top-k but not the other moved across the cut)."""
-    if got.keys() != want.keys():
-        return float("inf")
-    return max(abs(got[token] - want[token]) for token in want)
+    """Largest difference between two top-k logprob maps, counting what a token seen in only
+    one map must at least differ by.
+
+    A token missing from a map's top-k had, in that computation, a logprob no higher than the
+    map's smallest (k-th) one; so a token only in ``got`` differs from its ``want`` value by at
+    least ``got[t] - min(want)``, and the other way round. Two tokens within noise of each other
+    at the cut may swap places between a batched and a single computation (a 5th-6th margin
+    under 1e-4 in 2 of 300 prompts on the fp32 test model): that is a gap as small as the noise,
+    not an infinite one. A wrong KV moves common tokens by >0.05 and reshuffles the top-k, which
+    keeps its gap large (docs/engines.md).
+    """
+    only_got = got.keys() - want.keys()
+    only_want = want.keys() - got.keys()
+    gaps = [abs(got[token] - want[token]) for token in got.keys() & want.keys()]
+    gaps += [got[token] - min(want.values(), default=-math.inf) for token in only_got]
+    gaps += [want[token] - min(got.values(), default=-math.inf) for token in only_want]
+    return max([0.0, *gaps])

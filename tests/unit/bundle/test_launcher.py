@@ -119,3 +119,13 @@ def test_engine_id_is_the_name_unless_vllm_should_draw_a_fresh_one() -> None:
     # A pod's restarted container keeps name, port and address: only a new id tells pullers.
     assert "engine_id" not in transfer(spec(fresh_engine_id=True))
     assert transfer(spec(fresh_engine_id=True))["kv_connector"] == "AgentKVConnector"
+
+
+def test_engines_on_other_hosts_on_the_same_port_have_different_ids() -> None:
+    """Reproduces the multi-host tier's two decode engines, both ``decode-8100`` on their own
+    hosts: one peer to the prefill engine's NIXL, whose reads then went to the wrong one."""
+    ids = {
+        json.loads(flag(spec(host=host).command(), "--kv-transfer-config"))["engine_id"]
+        for host in ("10.77.0.5", "10.77.0.6")
+    }
+    assert ids == {"decode-10.77.0.5-8200", "decode-10.77.0.6-8200"}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,18 @@ def test_a_listening_port_is_reported_up_front() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use"):
             ensure_ports_free("127.0.0.1", [port])
+
+
+def test_a_taken_port_names_the_process_that_holds_it() -> None:
+    """`agentkv serve` and the soak's restarts say who holds the port, not just that it is held."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUseError) as raised:
+            ensure_ports_free("127.0.0.1", [port])
+    assert f"held by pid {os.getpid()} (" in str(raised.value)
+    assert Path(sys.executable).name in str(raised.value)
 
 
 def test_a_port_left_in_time_wait_by_a_stopped_server_is_free() -> None:
