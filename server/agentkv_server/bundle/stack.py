@@ -257,6 +257,7 @@ class Stack:
             # Secrets travel in the environment: ps shows command lines, and a settings file
             # written from the model holds masked values.
             env={**os.environ, SECRET_ENV: config.secret, **_api_keys_env(config.api_keys)},
+            dies_with_launcher=True,
         )
 
     def __enter__(self) -> Self:

@@ -1,4 +1,5 @@
-"""How much CPU a process group uses, read from /proc (Linux), with the threads that used it.
+"""How much CPU a process group uses, read from /proc (Linux), with the threads that used it;
+and which of its processes still live.
 
 Engines lead their own process groups (``ManagedProcess``), so a group is an engine's whole
 process tree: API server, EngineCore and worker. The idle-CPU test and
@@ -13,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GroupCpu", "ThreadKey", "group_thread_cpu_seconds", "sample_group_cpu"]
+__all__ = [
+    "GroupCpu",
+    "ThreadKey",
+    "group_thread_cpu_seconds",
+    "live_group_members",
+    "sample_group_cpu",
+]
 
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PROC = Path("/proc")
@@ -52,6 +59,18 @@ def group_thread_cpu_seconds(pgid: int) -> dict[ThreadKey, float]:
             ticks = int(task_fields[11]) + int(task_fields[12])  # utime + stime
             seconds[(int(process.name), int(task.name), name)] = ticks / _TICKS_PER_SECOND
     return seconds
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """The pids of group ``pgid``'s processes that have not exited. Unlike ``killpg(pgid, 0)``
+    this leaves out zombies: an orphan's zombie lasts until init reaps it, and holds no memory
+    or port."""
+    members = []
+    for process in _PROC.glob("[0-9]*"):
+        fields = _stat_fields(process / "stat")
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(process.name))  # fields[0]: the state; Z zombie, X dead
+    return members
 
 
 def sample_group_cpu(pgids: Mapping[str, int], window: float) -> dict[str, GroupCpu]:

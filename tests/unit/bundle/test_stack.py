@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -111,7 +112,7 @@ def test_client_environment_of_any_other_model_has_no_logit_bias(tmp_path: Path)
     assert "AGENTKV_TOOL_LOGIT_BIAS" not in stack.client_environment()
 
 
-# Stands in for an engine: the first start reports a port clash and lingers (as a vLLM engine
+# Stands in for an engine (a module: engines run as `python -m`): the first start reports a port clash and lingers (as a vLLM engine
 # whose NIXL side channel failed to bind does); later starts serve /health on their port.
 CLASHES_ONCE = """
 import http.server, pathlib, sys, time
@@ -132,10 +133,12 @@ def test_an_engine_whose_port_was_taken_starts_again_on_other_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     marker = tmp_path / "first-port"
+    (tmp_path / "clashes_once.py").write_text(CLASHES_ONCE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
     monkeypatch.setattr(
         EngineSpec,
         "command",
-        lambda spec: [sys.executable, "-c", CLASHES_ONCE, str(spec.port), str(marker)],
+        lambda spec: [sys.executable, "-m", "clashes_once", str(spec.port), str(marker)],
     )
     stack = Stack(StackConfig(model=str(tmp_path), prefill=0, router=False, log_dir=tmp_path))
     started = time.monotonic()
