@@ -3,7 +3,7 @@
 
 Starts ``agentkv serve``'s layout (router, one prefill and one decode engine, one core each)
 once per connector setting: upstream behaviour (no thread demotion, no idle pacing), threads
-demoted, and both (the defaults). In each, runs sessions of token-id turns through the router
+demoted, demoted and paced, and paced only (the defaults). In each, runs sessions of token-id turns through the router
 (which always pulls, so that every follow-up takes the KV path), then measures the CPU the
 engines use for 10 s while the decode engine holds the sessions. docs/connector.md has results.
 
@@ -39,7 +39,8 @@ SETTINGS = {
         wire.EXTRA_IDLE_SLEEP_MS: 0,
         wire.EXTRA_NIXL_PROGRESS_DELAY_US: 0,
     },
-    "demoted + paced (defaults)": {},
+    "demoted + paced": {wire.EXTRA_DEMOTE_TRANSFER_THREADS: True},
+    "paced (defaults)": {},
 }
 NEW_TOKENS = 100
 OUTPUT_TOKENS = 8
@@ -87,7 +88,7 @@ def measure(name: str, extra: dict[str, Any], args: argparse.Namespace) -> str:
     config = StackConfig(
         model=args.model,
         port=0,
-        log_dir=args.log_dir / name.split()[0],
+        log_dir=args.log_dir / name.split(" (")[0].replace(" ", "-").replace("+", "and"),
         connector=connector,
         router_settings=ALWAYS_PULL,
     )
@@ -119,11 +120,17 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--log-dir", type=Path, default=Path(".agentkv/contention"))
+    parser.add_argument(
+        "--setting",
+        action="append",
+        choices=sorted(SETTINGS),
+        help="measure only these connector settings (repeatable; default: all)",
+    )
     args = parser.parse_args()
     print("| connector | median turn by router path | engine-core loops, idle | everything else |")
     print("|---|---|---|---|")
-    for name, extra in SETTINGS.items():
-        print(measure(name, extra, args), flush=True)
+    for name in args.setting or SETTINGS:
+        print(measure(name, SETTINGS[name], args), flush=True)
 
 
 if __name__ == "__main__":

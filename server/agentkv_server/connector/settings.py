@@ -48,7 +48,7 @@ class ConnectorSettings:
     dead_peer_seconds: float = 10.0
     peer_probe_seconds: float = 1.0
     nixl_progress_delay_us: int = 10_000
-    demote_transfer_threads: bool = True
+    demote_transfer_threads: bool = False
     idle_grace_seconds: float = 0.1
     idle_sleep_seconds: float = 0.005
     idle_max_wait_seconds: float = 30.0
@@ -98,7 +98,7 @@ class ConnectorSettings:
             dead_peer_seconds=float(extra.get(wire.EXTRA_DEAD_PEER_SECONDS, 10.0)),
             peer_probe_seconds=float(extra.get(wire.EXTRA_PEER_PROBE_MS, 1000.0)) / 1000,
             nixl_progress_delay_us=int(extra.get(wire.EXTRA_NIXL_PROGRESS_DELAY_US, 10_000)),
-            demote_transfer_threads=bool(extra.get(wire.EXTRA_DEMOTE_TRANSFER_THREADS, True)),
+            demote_transfer_threads=bool(extra.get(wire.EXTRA_DEMOTE_TRANSFER_THREADS, False)),
             idle_grace_seconds=float(extra.get(wire.EXTRA_IDLE_GRACE_MS, 100.0)) / 1000,
             idle_sleep_seconds=float(extra.get(wire.EXTRA_IDLE_SLEEP_MS, 5.0)) / 1000,
             idle_max_wait_seconds=float(extra.get(wire.EXTRA_IDLE_MAX_WAIT_MS, 30_000.0)) / 1000,

@@ -13,9 +13,10 @@ Five changes to upstream:
 * **Progress thread paced.** NIXL's progress thread polls without pause, a core per engine
   even when nothing moves; the agent is built with a poll timeout (``progress.py``), so the
   thread sleeps until UCX has an event, or ``nixl_progress_delay_us`` passes.
-* **Polling threads demoted.** The native threads upstream's constructor starts are moved to
-  ``SCHED_IDLE`` (``demote_transfer_threads``), so they use only cores that forward passes
-  leave idle.
+* **Polling threads demoted, on request.** With ``demote_transfer_threads`` the native threads
+  upstream's constructor starts are moved to ``SCHED_IDLE``. Off by default: the paced thread
+  takes almost nothing, and at ``SCHED_IDLE`` a loaded holder served reads only when no forward
+  pass wanted its core (pulls stalled for 30 s; docs/connector.md).
 * **Pull deadline.** A pull still in its handshake or read after ``pull_timeout_seconds`` is
   abandoned and reported as a failed load, which the scheduler turns into a recompute
   (``kv_load_failure_policy="recompute"``), so no request waits forever on a peer.
