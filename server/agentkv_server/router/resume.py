@@ -36,7 +36,9 @@ __all__ = ["Progress", "ResumableStream", "continuation_body", "resumable", "tra
 
 _DONE = b"data: [DONE]"
 _SEPARATOR = b"\n\n"
-_TOKEN_IDS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[^\]]*\]')
+# vLLM writes compact JSON; literal replacements keep this at about 1 us per chunk.
+_TOKEN_IDS = re.compile(rb'"token_ids":\[[^\]]*\]')
+_PROMPT_TOKEN_IDS = re.compile(rb'"prompt_token_ids":\[[^\]]*\]')
 _LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 _COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -182,7 +184,7 @@ class ResumableStream:
         elif head:
             self._sent.append(head)
             if self._strip_ids:
-                head = _TOKEN_IDS.sub(rb'"\1":null', head)
+                head = _without_ids(head)
         if not done:
             return head, None
         self.ended = True
@@ -255,6 +257,14 @@ class ResumableStream:
             "prompt_tokens": max(prompt - self._offset, 0),
             "completion_tokens": completion + self._offset,
         }
+
+
+def _without_ids(head: bytes) -> bytes:
+    """``head`` as vLLM writes it without ``return_token_ids``."""
+    head = _TOKEN_IDS.sub(b'"token_ids":null', head)
+    if b'"prompt_token_ids":[' in head:  # the first chunk only
+        head = _PROMPT_TOKEN_IDS.sub(b'"prompt_token_ids":null', head)
+    return head
 
 
 def _data_events(part: bytes) -> list[dict[str, Any]]:

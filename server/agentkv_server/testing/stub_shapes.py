@@ -204,9 +204,10 @@ def stream_events(
             chunks.append({**_stream_chunk(body, 0, None), "choices": [], "usage": usage})
         for chunk in chunks:
             chunk["id"] = stream_id
-        return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [
-            b"data: [DONE]\n\n"
-        ]
+        compact = (",", ":")  # as vLLM writes chunks
+        return [
+            b"data: " + json.dumps(c, separators=compact).encode() + b"\n\n" for c in chunks
+        ] + [b"data: [DONE]\n\n"]
     final = _response(body, stub_answer(n), prompt_tokens, n, 0)
     final[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     started = {**final, "status": "in_progress", "output": [], "usage": None}
