@@ -412,6 +412,7 @@ async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
         doomed_decode.kill()
         response = await streamed
         tally.seconds.append(time.monotonic() - began)
+        tally.paths.append(response.headers.get(protocol.HEADER_KV_PATH))
         metrics = (await client.get("/metrics")).text
 
     assert response.status_code == 200
