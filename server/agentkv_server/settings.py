@@ -115,6 +115,12 @@ class FaultSettings(_Frozen):
         "legitimate prefill (vLLM counts a prompt's tokens only when it is done: a cold "
         "prefill on a loaded 2-core machine showed flat counters for over 15 s)",
     )
+    stream_resumes: int = Field(
+        2,
+        ge=0,
+        description="times one streamed answer whose decode engine broke after its first chunk "
+        "is continued on another decode engine (0: such a stream just ends)",
+    )
 
 
 class RetentionSettings(_Frozen):

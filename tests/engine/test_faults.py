@@ -12,6 +12,7 @@ Each case counts turns sent, succeeded (200) and correct; ``pytest -s`` prints t
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -32,7 +33,7 @@ from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
 from agentkv_server.settings import Settings
 from agentkv_server.testing import RedisServer, serve_in_process
-from agentkv_server.testing.probe import LOGPROB_TOLERANCE, KVProbe, logprob_gap
+from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.kills_engines]
 
@@ -374,3 +375,101 @@ async def pull_from_dead_holder(
     wanted = await asyncio.to_thread(probe.recomputed_logprobs, conversation.prompt)
     if logprob_gap(step.top_logprobs, wanted) < LOGPROB_TOLERANCE:
         tally.correct += 1
+
+
+STREAMED = 160  # greedy tokens: long enough that the kill lands mid-stream
+GENERATED = "vllm:generation_tokens_total"
+
+
+async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
+    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+) -> None:
+    """SIGKILL the decode engine while it streams a greedy answer: the router continues the
+    same stream on the other decode engine (prompt + tokens sent, recomputed there), and the
+    client's tokens are those of an uninterrupted greedy run, each once, ending in [DONE]."""
+    survivor = stack.decode[0]
+    prompt = tokens(900, HISTORY)
+    body: dict[str, Any] = {
+        "model": probe.p.model,
+        "prompt": prompt,
+        "max_tokens": STREAMED,
+        "ignore_eos": True,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream": True,
+    }
+    # The router's first pick in an idle pool is its first engine: the doomed one.
+    settings = router_settings(stack, decode=[doomed_decode.url, survivor.url])
+    doomed = EngineClient(doomed_decode.url, probe.p.model)
+    async with serve(settings) as (_, client):
+        generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
+        tally.sent += 1
+        began = time.monotonic()
+        streamed = asyncio.create_task(client.post("/v1/completions", json=body))
+        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
+            assert not streamed.done(), "the stream ended before the kill"
+            await asyncio.sleep(0.05)
+        doomed_decode.kill()
+        response = await streamed
+        tally.seconds.append(time.monotonic() - began)
+        tally.paths.append(response.headers.get(protocol.HEADER_KV_PATH))
+        metrics = (await client.get("/metrics")).text
+
+    assert response.status_code == 200
+    tally.succeeded += 1
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    got = [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
+    uninterrupted = EngineClient(survivor.url, probe.p.model).complete(
+        prompt, max_tokens=STREAMED, ignore_eos=True, temperature=0, return_token_ids=True
+    )
+    assert got == uninterrupted["choices"][0]["token_ids"]
+    tally.correct += 1
+    assert "agentkv_streams_resumed_total 1.0" in metrics
+    assert_serving(stack.prefill[0], survivor)
+
+
+async def test_chat_stream_of_a_killed_decode_engine_is_continued(
+    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+) -> None:
+    """The chat continuation (partial assistant message, ``continue_final_message``) is one
+    vLLM accepts, and the client's stream is one answer ending in a single [DONE]."""
+    survivor = stack.decode[0]
+    body: dict[str, Any] = {
+        "model": probe.p.model,
+        "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(300))}],
+        "max_tokens": STREAMED,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    settings = router_settings(stack, decode=[doomed_decode.url, survivor.url])
+    doomed = EngineClient(doomed_decode.url, probe.p.model)
+    async with serve(settings) as (_, client):
+        generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
+        tally.sent += 1
+        began = time.monotonic()
+        streamed = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
+            assert not streamed.done(), "the stream ended before the kill"
+            await asyncio.sleep(0.05)
+        doomed_decode.kill()
+        response = await streamed
+        tally.seconds.append(time.monotonic() - began)
+        metrics = (await client.get("/metrics")).text
+
+    assert response.status_code == 200
+    tally.succeeded += 1
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == STREAMED  # counted over the whole answer
+    text = "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
+    assert text
+    tally.correct += 1
+    assert "agentkv_streams_resumed_total 1.0" in metrics
+    assert_serving(stack.prefill[0], survivor)

@@ -56,6 +56,8 @@ class StreamEditor(Protocol):
 
     kv_transfer_params: dict[str, Any] | None
     """The decode step's params, when the stream itself carried them (removed from it)."""
+    ended: bool
+    """The stream's final part has arrived (a stream that stops before it broke)."""
 
     def feed(self, chunk: bytes) -> tuple[bytes, bytes | None]:
         """(what to send on now, the stream's final part once it has arrived)."""
@@ -97,11 +99,16 @@ def invalid_parameter(param: str, why: str) -> RouterError:
 class _DoneSplitter:
     """Chat and completion streams end with ``data: [DONE]``; vLLM streams no params."""
 
-    kv_transfer_params: dict[str, Any] | None = None
+    def __init__(self) -> None:
+        self.kv_transfer_params: dict[str, Any] | None = None
+        self.ended = False
 
     def feed(self, chunk: bytes) -> tuple[bytes, bytes | None]:
         head, done, tail = chunk.partition(_SSE_DONE)
-        return (head, done + tail) if done else (chunk, None)
+        if not done:
+            return chunk, None
+        self.ended = True
+        return head, done + tail
 
     def flush(self) -> bytes:
         return b""
@@ -114,6 +121,7 @@ class _ResponsesStreamEditor:
 
     def __init__(self) -> None:
         self.kv_transfer_params: dict[str, Any] | None = None
+        self.ended = False
         self._pending = b""
 
     def feed(self, chunk: bytes) -> tuple[bytes, bytes | None]:
@@ -123,6 +131,7 @@ class _ResponsesStreamEditor:
         whole = [event + separator for event in events.split(separator)]
         for index, event in enumerate(whole):
             if _event_name(event) in _RESPONSES_FINAL_EVENTS:
+                self.ended = True
                 final = [self._edit_final(event), *whole[index + 1 :], self._pending]
                 self._pending = b""
                 return b"".join(whole[:index]), b"".join(final)

@@ -125,6 +125,11 @@ class HoldingKeeper:
         self.release_soon(losers)
         return None if holding in losers else holding
 
+    async def void(self, ticket_id: str) -> None:
+        """Forget a ticket whose decode step broke: a late report of it records nothing."""
+        self._unrecorded.pop(ticket_id, None)
+        await self._store.pop_ticket(ticket_id)
+
     async def end(self, session_key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
         holding = await self._store.end(session_key, time.time())

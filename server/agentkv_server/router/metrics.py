@@ -5,6 +5,7 @@
 - ``agentkv_ttft_seconds{path}`` (histogram: request arrival to the first byte sent back)
 - ``agentkv_sessions_held`` (gauge, refreshed from the session store at each scrape)
 - ``agentkv_engine_errors_total{role="prefill|decode",kind}``
+- ``agentkv_streams_resumed_total`` (broken decode streams continued on another engine)
 - ``agentkv_store_up`` (gauge: 0 while the session store is out and turns recompute)
 - ``agentkv_store_errors_total{op}`` (failed session-store calls, by operation)
 
@@ -59,6 +60,12 @@ class RouterMetrics:
             ["role", "kind"],
             registry=self.registry,
         )
+        self.streams_resumed = Counter(
+            "agentkv_streams_resumed_total",
+            "Decode streams that broke after their first chunk and were continued on another "
+            "decode engine.",
+            registry=self.registry,
+        )
         self.store_up = Gauge(
             "agentkv_store_up",
             "1 while the session store answers; 0 while the router serves without it.",
@@ -86,6 +93,9 @@ class RouterMetrics:
 
     def record_engine_error(self, role: str, kind: ErrorKind) -> None:
         self.engine_errors.labels(role=role, kind=kind).inc()
+
+    def record_stream_resumed(self) -> None:
+        self.streams_resumed.inc()
 
     def render(self, sessions_held: int) -> bytes:
         self.sessions_held.set(sessions_held)

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -41,6 +42,12 @@ from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import PrefillSample, ReusePolicy, TurnLoad
+from agentkv_server.router.resume import (
+    ResumableStream,
+    continuation_body,
+    resumable,
+    tracked_body,
+)
 from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.turn import KVPath, Turn
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
@@ -319,16 +326,26 @@ class Orchestrator:
         ticket = await self._keeper.issue(key, engine.url, turn.request.model, retention_s)
         return ticket.ticket
 
-    def _decode_body(self, turn: Turn, retention_s: float, ticket: str | None) -> dict[str, Any]:
+    def _decode_body(
+        self,
+        turn: Turn,
+        retention_s: float,
+        ticket: str | None,
+        continuation: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The client's body (or a broken stream's ``continuation``, computed on D alone) with
+        D's params: P's, the retention and the ticket."""
+        body = turn.request.body if continuation is None else continuation
+        prefill = turn.prefill_params if continuation is None else None
         hints = self._policy.sends_hints
         params = wire.decode_params(
-            turn.prefill_params,
+            prefill,
             retention_s=retention_s if hints else None,
             ticket=ticket if hints else None,
         )
         if not params:
-            return turn.request.body
-        return {**turn.request.body, wire.KV_TRANSFER_PARAMS: params}
+            return body
+        return {**body, wire.KV_TRANSFER_PARAMS: params}
 
     async def _post(
         self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: aiohttp.ClientTimeout
@@ -359,9 +376,28 @@ class Orchestrator:
         self, turn: Turn, engine: Engine, body: dict[str, Any], ticket: str | None
     ) -> Response:
         began = time.monotonic()
+        endpoint = turn.request.endpoint
+        editor: StreamEditor = turn.wire.stream_editor()
+        if resumable(endpoint, body):
+            wants_ids = bool(body.get("return_token_ids"))
+            editor = ResumableStream(endpoint, client_wants_ids=wants_ids)
+            body = tracked_body(endpoint, body)
+        stream = await self._open_stream(turn, engine, body)
+        turn.phases["decode"] = time.monotonic() - began
+        if turn.local:
+            self._account_local(turn, None)
+        self._record_turn(turn)
+        return StreamingResponse(
+            self._relay(turn, _Relayed(stream, engine, ticket), editor),
+            media_type=stream.content_type,
+            headers=turn.headers(),
+        )
+
+    async def _open_stream(self, turn: Turn, engine: Engine, body: dict[str, Any]) -> DecodeStream:
+        """A decode stream whose first chunk is in, counted in flight until its relay ends."""
         engine.request_started()
         try:
-            stream = await self._watchdog.run(
+            return await self._watchdog.run(
                 engine,
                 open_stream(
                     self._http,
@@ -377,47 +413,104 @@ class Orchestrator:
         except BaseException:
             engine.request_finished()
             raise
-        turn.phases["decode"] = time.monotonic() - began
-        if turn.local:
-            self._account_local(turn, None)
-        self._record_turn(turn)
-        return StreamingResponse(
-            self._relay(turn, stream, engine, ticket, turn.wire.stream_editor()),
-            media_type=stream.content_type,
-            headers=turn.headers(),
-        )
 
     async def _relay(
-        self,
-        turn: Turn,
-        stream: DecodeStream,
-        engine: Engine,
-        ticket: str | None,
-        editor: StreamEditor,
+        self, turn: Turn, relayed: _Relayed, editor: StreamEditor
     ) -> AsyncIterator[bytes]:
+        """Pass the stream on; one that breaks is continued elsewhere when it can be."""
+        resumes = 0
         try:
-            async for chunk in stream.chunks():
-                head, final = editor.feed(chunk)
-                if head:
-                    yield head
-                if final is None:
-                    continue
-                if ticket is not None:
-                    waited = time.monotonic()
-                    await self._hold_back_final(ticket, editor.kv_transfer_params)
-                    turn.phases["report"] = time.monotonic() - waited
-                yield final
-            if rest := editor.flush():
-                yield rest
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            # Bytes already went out: the client's stream just ends early.
-            logger.warning("decode stream from %s broke: %r", engine.url, exc)
-            self._metrics.record_engine_error("decode", "stream")
-            engine.mark_suspect()
+            while True:
+                broke = None
+                try:
+                    async for part in self._pass_on(turn, relayed, editor):
+                        yield part
+                    if not editor.ended:
+                        broke = "the stream ended before its end"
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    broke = repr(exc)
+                finally:
+                    relayed.stream.close()
+                    relayed.engine.request_finished()
+                if broke is None:
+                    return
+                # Bytes already went out: continue this stream, or it just ends early.
+                logger.warning("decode stream from %s broke: %s", relayed.engine.url, broke)
+                self._metrics.record_engine_error("decode", "stream")
+                relayed.engine.mark_suspect()
+                if not isinstance(editor, ResumableStream):
+                    return
+                if resumes >= self._settings.faults.stream_resumes:
+                    logger.warning("stream not continued: %d continuations already", resumes)
+                    return
+                resumes += 1
+                resumed = await self._resume(turn, relayed, editor)
+                if isinstance(resumed, bytes):
+                    yield resumed
+                if not isinstance(resumed, _Relayed):
+                    return
+                relayed = resumed
         finally:
-            stream.close()
-            engine.request_finished()
             _log_breakdown(turn)
+
+    async def _pass_on(
+        self, turn: Turn, relayed: _Relayed, editor: StreamEditor
+    ) -> AsyncIterator[bytes]:
+        async for chunk in relayed.stream.chunks():
+            head, final = editor.feed(chunk)
+            if head:
+                yield head
+            if final is None:
+                continue
+            if relayed.ticket is not None:
+                waited = time.monotonic()
+                await self._hold_back_final(relayed.ticket, editor.kv_transfer_params)
+                turn.phases["report"] = time.monotonic() - waited
+            yield final
+        if rest := editor.flush():
+            yield rest
+
+    async def _resume(
+        self, turn: Turn, broken: _Relayed, editor: ResumableStream
+    ) -> _Relayed | bytes | None:
+        """The broken stream's continuation on another decode engine (decode-only: it
+        recomputes prompt + answer so far); the stream's end when the answer was complete;
+        None when it cannot be continued."""
+        progress = editor.progress()
+        if broken.ticket is not None:  # the dead engine's holding must not become the session's
+            await self._keeper.void(broken.ticket)
+        request = turn.request.body
+        if (blocker := progress.blocker_for(request)) is not None:
+            logger.warning("stream not continued: %s", blocker)
+            return None
+        body = continuation_body(request, progress)
+        if body is None:
+            return editor.finish()
+        excluded = [broken.engine]
+        retention_s = self._retention_s(turn)
+        for _ in range(self._settings.decode_attempts):
+            engine = self._decode.pick(exclude=excluded)
+            if engine is None:
+                break
+            ticket = await self._issue_ticket(turn, engine, retention_s)
+            try:
+                stream = await self._open_stream(
+                    turn, engine, self._decode_body(turn, retention_s, ticket, body)
+                )
+            except EngineFailure as failure:
+                self._note_failure(turn, failure)
+                excluded.append(engine)
+                if failure.is_client_error:
+                    break
+                continue
+            logger.warning(
+                "stream continued on %s after %d tokens", engine.url, progress.sent_tokens
+            )
+            self._metrics.record_stream_resumed()
+            editor.continue_stream()
+            return _Relayed(stream, engine, ticket)
+        logger.warning("stream not continued: no decode engine could take it over")
+        return None
 
     async def _hold_back_final(self, ticket: str, params: dict[str, Any] | None) -> None:
         """The stream's end tells the client it may send its next turn: hold it back until this
@@ -455,6 +548,15 @@ class Orchestrator:
             media_type=refused.content_type,
             headers=turn.headers(),
         )
+
+
+@dataclass
+class _Relayed:
+    """The decode stream being passed on, its engine and its holding's ticket."""
+
+    stream: DecodeStream
+    engine: Engine
+    ticket: str | None
 
 
 def _unservable(turn: Turn) -> RouterError:

@@ -107,6 +107,10 @@ class StubEngine:
     faults: list[Fault] = field(default_factory=list)
     frozen: bool = False
     stall_after_chunks: int | None = None  # a stream stops (and hangs) after this many chunks
+    # A stream's connection drops (as its process is killed) after this many chunks; with
+    # ``cut_cleanly`` the stream ends properly there instead, without its last chunks.
+    cut_after_chunks: int | None = None
+    cut_cleanly: bool = False
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     metrics_reads: int = 0
@@ -307,6 +311,13 @@ class StubEngine:
         for index, event in enumerate(events):
             if index == self.stall_after_chunks:
                 await asyncio.sleep(3600)  # the client's deadline ends it
+            if index == self.cut_after_chunks:
+                self.cut_after_chunks = None  # once: a continuation here is served whole
+                if not self.cut_cleanly:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+                break
             await response.write(event)
         await response.write_eof()
         return response

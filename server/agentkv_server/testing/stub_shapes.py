@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 MAX_TOKENS = 4096
+OUTPUT_TOKEN_ID = 100_000
+"""The id of the stub's answer word ``w{i}`` is ``OUTPUT_TOKEN_ID + i``."""
+PROMPT_TOKEN_ID = 1_000
+"""The id of a text prompt's ``i``-th word."""
 """The stub model's context: larger output limits are refused (400), as vLLM does."""
 _LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -153,18 +157,57 @@ def answer_body(
     return answer
 
 
+def answered_already(body: dict[str, Any]) -> int:
+    """Words of the stub's answer the request already holds, which it continues after: a
+    completion prompt's trailing output ids, or chat's final assistant message when it is
+    continued (``continue_final_message``). A continued answer is the uninterrupted one."""
+    if "messages" in body:
+        messages = body["messages"]
+        if body.get("continue_final_message") and messages[-1].get("role") == "assistant":
+            return len(str(messages[-1].get("content") or "").split())
+        return 0
+    prompt = body.get("prompt")
+    return len(prompt) - _first_output(prompt) if isinstance(prompt, list) else 0
+
+
+def _first_output(prompt: list[Any]) -> int:
+    """Where the trailing run of the stub's own output ids (``OUTPUT_TOKEN_ID + i``) starts."""
+    start = len(prompt)
+    while start and isinstance(prompt[start - 1], int) and prompt[start - 1] >= OUTPUT_TOKEN_ID:
+        start -= 1
+    return start
+
+
+def prompt_token_ids(body: dict[str, Any]) -> list[int]:
+    """A completion prompt's ids: its own list, or one id per word of its text."""
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return [t for t in prompt if isinstance(t, int)]
+    return [PROMPT_TOKEN_ID + index for index, _ in enumerate(str(prompt).split())]
+
+
 def stream_events(
     body: dict[str, Any], n: int, prompt_tokens: int, kv_transfer_params: dict[str, Any] | None
 ) -> list[bytes]:
     """A streamed answer of ``n`` words, one SSE event per element, ending as vLLM's does."""
     if not _is_responses(body):
+        start, stream_id = answered_already(body), f"stream-{uuid.uuid4().hex}"
         chunks = [
-            _stream_chunk(body, f"w{index} ", "length" if index == n - 1 else None)
+            _stream_chunk(body, start + index, "length" if index == n - 1 else None)
             for index in range(n)
         ]
-        return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [
-            b"data: [DONE]\n\n"
-        ]
+        if body.get("return_token_ids") and "prompt" in body and chunks:
+            chunks[0]["choices"][0]["prompt_token_ids"] = prompt_token_ids(body)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
+            usage["total_tokens"] = prompt_tokens + n
+            chunks.append({**_stream_chunk(body, 0, None), "choices": [], "usage": usage})
+        for chunk in chunks:
+            chunk["id"] = stream_id
+        compact = (",", ":")  # as vLLM writes chunks
+        return [
+            b"data: " + json.dumps(c, separators=compact).encode() + b"\n\n" for c in chunks
+        ] + [b"data: [DONE]\n\n"]
     final = _response(body, stub_answer(n), prompt_tokens, n, 0)
     final[wire.KV_TRANSFER_PARAMS] = kv_transfer_params
     started = {**final, "status": "in_progress", "output": [], "usage": None}
@@ -254,12 +297,16 @@ def _response(
     }
 
 
-def _stream_chunk(body: dict[str, Any], text: str, finish_reason: str | None) -> dict[str, Any]:
+def _stream_chunk(body: dict[str, Any], word: int, finish_reason: str | None) -> dict[str, Any]:
+    """The chunk of the answer's word ``w{word}``."""
+    text = f"w{word} "
     if "messages" in body:
         choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
         kind = "chat.completion.chunk"
     else:
         choice, kind = {"index": 0, "text": text, "logprobs": None}, "text_completion"
+        choice["prompt_token_ids"] = None
+        choice["token_ids"] = [OUTPUT_TOKEN_ID + word] if body.get("return_token_ids") else None
     choice["finish_reason"] = finish_reason
     return {
         "id": "stream",

@@ -329,16 +329,30 @@ async def test_steps_watched_at_once_share_one_progress_read_per_engine(make_rou
     assert 0 < router.decode[0].metrics_reads <= 0.5 / 0.025 + 2
 
 
-async def test_stream_that_stops_midway_ends_within_the_stall_deadline(make_router):
+async def test_stream_that_stops_midway_is_continued_after_the_stall_deadline(make_router):
     router = await make_router(n_decode=2, **FAST_WATCHDOG)
-    router.decode[0].stall_after_chunks = 2  # bytes went out: no other engine can take over
+    router.decode[0].stall_after_chunks = 2  # bytes went out: the stream goes on elsewhere
+
+    response = await router.chat(conversation(1, 50), stream=True)
+
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 5 and response.text.endswith("data: [DONE]\n\n")
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="stream",role="decode"}') == 1
+    assert await router.metric("agentkv_streams_resumed_total") == 1
+    assert router.state.decode.engines[0].healthy is False
+
+
+async def test_stream_that_stops_midway_ends_when_no_engine_can_continue_it(make_router):
+    router = await make_router(**FAST_WATCHDOG)
+    router.decode[0].stall_after_chunks = 2
 
     response = await router.chat(conversation(1, 50), stream=True)
 
     assert response.status_code == 200
     assert response.text.count("data: ") == 2 and "[DONE]" not in response.text
     assert await router.metric('agentkv_engine_errors_total{kind="stream",role="decode"}') == 1
-    assert router.state.decode.engines[0].healthy is False
+    assert await router.metric("agentkv_streams_resumed_total") == 0
 
 
 async def test_frozen_prefill_engine_is_left_for_another(make_router):
