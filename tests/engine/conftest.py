@@ -123,6 +123,13 @@ def extra_engines(
         yield engines
 
 
+@pytest.fixture
+def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
+    """A decode engine of the test's own, to kill."""
+    with extra_engines_like({"doomed-decode": stack.decode[0]}, tmp_path) as engines:
+        yield engines["doomed-decode"]
+
+
 @pytest.fixture(scope="module")
 def second_decode(extra_engines: dict[str, EngineProcess]) -> EngineProcess:
     return extra_engines["second-decode"]
