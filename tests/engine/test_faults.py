@@ -381,6 +381,45 @@ STREAMED = 160  # greedy tokens: long enough that the kill lands mid-stream
 GENERATED = "vllm:generation_tokens_total"
 
 
+@dataclass
+class KilledStream:
+    """A stream whose decode engine was SIGKILLed mid-answer: the router's response, its
+    chunks (``[DONE]`` checked and removed) and the router's metrics afterwards."""
+
+    response: httpx.Response
+    chunks: list[dict[str, Any]]
+    metrics: str
+
+
+async def stream_with_its_decode_engine_killed(
+    stack: Stack, tally: Tally, doomed_decode: EngineProcess, route: str, body: dict[str, Any]
+) -> KilledStream:
+    """Send ``body`` streamed to ``route`` through a 1P2D router whose first pick (an idle
+    pool's first engine) is ``doomed_decode``; SIGKILL that engine once it has generated 10
+    tokens, and read the whole stream."""
+    settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
+    doomed = EngineClient(doomed_decode.url, body["model"])
+    async with serve(settings) as (_, client):
+        generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
+        tally.sent += 1
+        began = time.monotonic()
+        streamed = asyncio.create_task(client.post(route, json=body))
+        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
+            assert not streamed.done(), "the stream ended before the kill"
+            await asyncio.sleep(0.05)
+        doomed_decode.kill()
+        response = await streamed
+        tally.seconds.append(time.monotonic() - began)
+        tally.paths.append(response.headers.get(protocol.HEADER_KV_PATH))
+        metrics = (await client.get("/metrics")).text
+
+    assert response.status_code == 200
+    tally.succeeded += 1
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    return KilledStream(response, [json.loads(event) for event in events[:-1]], metrics)
+
+
 async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
     stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
 ) -> None:
@@ -398,35 +437,18 @@ async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
         "return_token_ids": True,
         "stream": True,
     }
-    # The router's first pick in an idle pool is its first engine: the doomed one.
-    settings = router_settings(stack, decode=[doomed_decode.url, survivor.url])
-    doomed = EngineClient(doomed_decode.url, probe.p.model)
-    async with serve(settings) as (_, client):
-        generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
-        tally.sent += 1
-        began = time.monotonic()
-        streamed = asyncio.create_task(client.post("/v1/completions", json=body))
-        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
-            assert not streamed.done(), "the stream ended before the kill"
-            await asyncio.sleep(0.05)
-        doomed_decode.kill()
-        response = await streamed
-        tally.seconds.append(time.monotonic() - began)
-        tally.paths.append(response.headers.get(protocol.HEADER_KV_PATH))
-        metrics = (await client.get("/metrics")).text
+    killed = await stream_with_its_decode_engine_killed(
+        stack, tally, doomed_decode, "/v1/completions", body
+    )
 
-    assert response.status_code == 200
-    tally.succeeded += 1
-    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
-    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
-    chunks = [json.loads(event) for event in events[:-1]]
+    chunks = killed.chunks
     got = [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
     uninterrupted = EngineClient(survivor.url, probe.p.model).complete(
         prompt, max_tokens=STREAMED, ignore_eos=True, temperature=0, return_token_ids=True
     )
     assert got == uninterrupted["choices"][0]["token_ids"]
     tally.correct += 1
-    assert "agentkv_streams_resumed_total 1.0" in metrics
+    assert "agentkv_streams_resumed_total 1.0" in killed.metrics
     assert_serving(stack.prefill[0], survivor)
 
 
@@ -435,7 +457,6 @@ async def test_chat_stream_of_a_killed_decode_engine_is_continued(
 ) -> None:
     """The chat continuation (partial assistant message, ``continue_final_message``) is one
     vLLM accepts, and the client's stream is one answer ending in a single [DONE]."""
-    survivor = stack.decode[0]
     body: dict[str, Any] = {
         "model": probe.p.model,
         "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(300))}],
@@ -445,31 +466,16 @@ async def test_chat_stream_of_a_killed_decode_engine_is_continued(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    settings = router_settings(stack, decode=[doomed_decode.url, survivor.url])
-    doomed = EngineClient(doomed_decode.url, probe.p.model)
-    async with serve(settings) as (_, client):
-        generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
-        tally.sent += 1
-        began = time.monotonic()
-        streamed = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
-            assert not streamed.done(), "the stream ended before the kill"
-            await asyncio.sleep(0.05)
-        doomed_decode.kill()
-        response = await streamed
-        tally.seconds.append(time.monotonic() - began)
-        metrics = (await client.get("/metrics")).text
+    killed = await stream_with_its_decode_engine_killed(
+        stack, tally, doomed_decode, "/v1/chat/completions", body
+    )
 
-    assert response.status_code == 200
-    tally.succeeded += 1
-    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
-    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
-    chunks = [json.loads(event) for event in events[:-1]]
+    chunks = killed.chunks
     assert len({chunk["id"] for chunk in chunks}) == 1
     usage = chunks[-1]["usage"]
     assert usage["completion_tokens"] == STREAMED  # counted over the whole answer
     text = "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
     assert text
     tally.correct += 1
-    assert "agentkv_streams_resumed_total 1.0" in metrics
-    assert_serving(stack.prefill[0], survivor)
+    assert "agentkv_streams_resumed_total 1.0" in killed.metrics
+    assert_serving(stack.prefill[0], stack.decode[0])
