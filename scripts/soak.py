@@ -5,7 +5,8 @@ Starts 1P2D (router, one prefill and two decode engines), then for ``--minutes``
 ``--sessions`` concurrent agent sessions through the agentkv SDK: token-id turns whose history
 grows by the answer plus a tool result, a random tool gap between turns, every
 ``--stream-every``-th turn streamed, a fresh session after ``--turns`` turns. Every
-``--kill-every`` seconds a random engine is SIGKILLed and started again on its ports. A sample
+``--kill-every`` seconds a random engine is SIGKILLed and started again on its ports, under a
+fresh NIXL engine id as a supervisor would (``--same-engine-id``: its old one). A sample
 of non-streamed turns (every ``--oracle-every``-th) is checked by the oracle: first-token top-5
 logprobs against a recompute from scratch (docs/engines.md); each failed check is printed in
 full and written, with its prompt, to ``<log dir>/oracle-failures.jsonl``. Before a restart
@@ -264,7 +265,12 @@ class Soak:
         at = time.monotonic() - self.started
         victim.kill()
         began = time.monotonic()
-        replacement = EngineProcess(victim.spec)
+        # A supervisor restarts an engine under a new NIXL engine id (docs/faults.md, "An
+        # engine restarted under its old id"); --same-engine-id restarts it under its old one.
+        spec = victim.spec
+        if not self.args.same_engine_id:
+            spec = dataclasses.replace(spec, fresh_engine_id=True)
+        replacement = EngineProcess(spec)
         self.stack.engines[index] = replacement
         try:
             await asyncio.to_thread(wait_ports_free, victim.spec, PORTS_FREE_WAIT_S)
@@ -459,6 +465,11 @@ def main() -> None:
     parser.add_argument("--stream-every", type=int, default=3)
     parser.add_argument("--oracle-every", type=int, default=4)
     parser.add_argument("--kill-every", type=float, default=120.0, help="seconds; 0: no kills")
+    parser.add_argument(
+        "--same-engine-id",
+        action="store_true",
+        help="restart a killed engine under its old NIXL engine id (default: a fresh one)",
+    )
     parser.add_argument("--turn-timeout", type=float, default=300.0)
     parser.add_argument("--policy", default="always", help="the router's (always: every pull)")
     parser.add_argument("--model", default="tiny")

@@ -20,11 +20,15 @@ from agentkv_server.bundle.ports import free_ports
 pytestmark = pytest.mark.engine
 
 STARTS = 5
-# Run once the stack is ready: one chat turn through the router, then stop.
+# Run once the stack is ready: one chat turn through the router, then stop. Plain urllib: the
+# openai package takes seconds to import here, five times over.
 ONE_TURN = (
-    "python -c \"import os, openai; c = openai.OpenAI(base_url=os.environ['AGENTKV_BASE_URL']); "
-    "r = c.chat.completions.create(model=os.environ['AGENTKV_MODEL'], max_tokens=2, "
-    "messages=[{'role': 'user', 'content': 'hi'}]); print('answered', r.choices[0].finish_reason)\""
+    'python -c "import json, os, urllib.request as u; '
+    "body = {'model': os.environ['AGENTKV_MODEL'], 'max_tokens': 2, "
+    "'messages': [{'role': 'user', 'content': 'hi'}]}; "
+    "r = u.urlopen(u.Request(os.environ['AGENTKV_BASE_URL'] + '/chat/completions', "
+    "json.dumps(body).encode(), {'Content-Type': 'application/json'}), timeout=60); "
+    "print('answered', json.load(r)['choices'][0]['finish_reason'])\""
 )
 
 

@@ -55,6 +55,8 @@ _PULL_PLANNED = "_remote_blocks_processed"
 # Holdings this close to expiry are not pulled: the same slack upstream's worker leaves for
 # clock error and read latency before it declines a read.
 EXPIRY_MARGIN_SECONDS = 5.0
+# A request whose KV has arrived should run on the next step; this long after, it is reported.
+LOADED_WAIT_WARNING_SECONDS = 2.0
 
 
 class AgentKVScheduler(NixlPullConnectorScheduler):
@@ -81,19 +83,52 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             if settings.report_url
             else None
         )
-        # Requests whose KV is being loaded: the engine steps to notice each load's end.
-        self._loading: set[str] = set()
+        # Requests the engine has not finished (loading, waiting or running): while any is
+        # left the engine steps without pause, or nothing would notice it become schedulable.
+        self._unfinished: dict[str, Request] = {}
+        # Requests whose load finished and that the scheduler has not run since: when.
+        self._loaded_at: dict[str, float] = {}
         self._idle = _idle_backoff(settings)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
         # Called once per engine step, before the step runs: the place to pace an idle loop.
-        busy = (
-            scheduler_output.total_num_scheduled_tokens > 0
-            or bool(self._reqs_need_recv)
-            or bool(self._loading)
-        )
-        self._idle.step(busy=busy)
+        self._idle.step(busy=self._has_work(scheduler_output))
+        self._note_loaded_requests_left_waiting(scheduler_output)
         return super().build_connector_meta(scheduler_output)
+
+    def _note_loaded_requests_left_waiting(self, scheduler_output: SchedulerOutput) -> None:
+        """Warn, once per request, when one whose KV arrived is still not scheduled after
+        ``LOADED_WAIT_WARNING_SECONDS``, a suspect in pulls that stall (docs/faults.md)."""
+        if not self._loaded_at:
+            return
+        now = time.monotonic()
+        for req_id in list(self._loaded_at):
+            request = self._unfinished.get(req_id)
+            if request is None or req_id in scheduler_output.num_scheduled_tokens:
+                del self._loaded_at[req_id]
+            elif now - self._loaded_at[req_id] > LOADED_WAIT_WARNING_SECONDS:
+                logger.warning(
+                    "Request %s: its KV arrived %.1f s ago and it is not scheduled yet "
+                    "(status %s, %d of %d tokens computed, %d unfinished requests)",
+                    req_id, now - self._loaded_at.pop(req_id), request.status,
+                    request.num_computed_tokens, request.num_tokens, len(self._unfinished),
+                )  # fmt: skip
+
+    def _has_work(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether this step must not wait: it computes, or a request is still unfinished.
+
+        Only an engine whose requests have all finished (a decode engine retaining them for
+        pulls) is paced. A request that waits (its KV loaded, or not yet admitted) with nothing
+        scheduled keeps the engine stepping: a paced wait ends only on a new request, and its
+        load's end or a freed slot is none (docs/connector.md, "Idle engines").
+        """
+        if scheduler_output.total_num_scheduled_tokens > 0 or self._reqs_need_recv:
+            return True
+        if self._unfinished:
+            logger.debug("Nothing scheduled but %d request(s) unfinished: stepping on",
+                         len(self._unfinished))  # fmt: skip
+            return True
+        return False
 
     # -- P: verified pulls ---------------------------------------------------------------
 
@@ -125,8 +160,6 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
-        if num_external_tokens > 0 and request.request_id in self._reqs_need_recv:
-            self._loading.add(request.request_id)
 
     def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
         """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
@@ -165,6 +198,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
 
     def on_new_request(self, request: Request) -> None:
         super().on_new_request(request)
+        self._unfinished[request.request_id] = request
         for req_id in release_ids(request.kv_transfer_params):
             self._release(req_id)
 
@@ -172,7 +206,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self, request: Request, block_ids: BlockIds
     ) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
-        self._loading.discard(request.request_id)
+        self._unfinished.pop(request.request_id, None)
         request_params = request.kv_transfer_params or {}
         if delay_free and params is not None and params.get(wire.DO_REMOTE_DECODE):
             delay_free = self._retain(request, params, request_params)
@@ -185,8 +219,8 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         super().update_connector_output(connector_output)
         # Pulled, expired or released: the blocks are free either way.
         self._retained.difference_update(connector_output.finished_sending or ())
-        # Loaded or failed (a failed load is reported as finished too).
-        self._loading.difference_update(connector_output.finished_recving or ())
+        loaded = set(connector_output.finished_recving or ()) & self._unfinished.keys()
+        self._loaded_at.update(dict.fromkeys(loaded, time.monotonic()))
 
     def shutdown(self) -> None:
         if self._reporter is not None:

@@ -8,6 +8,8 @@ fails and which the ``recompute`` policy schedules afresh. The reproduction on r
 
 from __future__ import annotations
 
+import itertools
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 pytest.importorskip("vllm", reason="the scheduler half subclasses vLLM's NIXL scheduler")
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
+from vllm.v1.request import RequestStatus
 
 from agentkv_server.connector.prefix import PrefixFingerprint
 from agentkv_server.connector.scheduler import AgentKVScheduler
@@ -33,7 +36,9 @@ def bare_scheduler() -> AgentKVScheduler:
     scheduler.kv_cache_config = SimpleNamespace(select_transfer_block_ids=lambda ids: ids)
     scheduler._reqs_in_batch = set()
     scheduler._reqs_need_recv = {}
-    scheduler._loading = set()
+    scheduler._unfinished = {}
+    scheduler._loaded_at = {}
+    scheduler._reporter = None
     return scheduler
 
 
@@ -92,3 +97,71 @@ def test_a_request_that_was_never_planned_may_ask_more_than_once() -> None:
     asks = [scheduler.get_num_new_matched_tokens(request, 0) for _ in range(2)]
 
     assert asks == [(len(HELD), True)] * 2
+
+
+def no_step() -> SimpleNamespace:
+    return SimpleNamespace(total_num_scheduled_tokens=0)
+
+
+def plain_request() -> SimpleNamespace:
+    return SimpleNamespace(request_id="turn-1", kv_transfer_params=None, status=None)
+
+
+def test_a_request_that_waits_with_nothing_scheduled_keeps_the_engine_stepping() -> None:
+    # Its load finished (or it is not admitted yet): only another step can schedule it, and a
+    # paced wait would end only on a new request (docs/connector.md, "Idle engines").
+    scheduler = bare_scheduler()
+    request = plain_request()
+    assert not scheduler._has_work(no_step())
+
+    scheduler.on_new_request(request)
+
+    assert scheduler._has_work(no_step())
+
+
+def test_an_engine_whose_requests_all_finished_is_paced() -> None:
+    scheduler = bare_scheduler()
+    request = plain_request()
+    scheduler.on_new_request(request)
+    request.status = RequestStatus.FINISHED_STOPPED
+
+    scheduler.request_finished(request, ([],))
+
+    assert not scheduler._has_work(no_step())
+    assert scheduler._has_work(SimpleNamespace(total_num_scheduled_tokens=1))
+
+
+def test_a_loaded_request_left_unscheduled_is_reported_once(monkeypatch, caplog) -> None:
+    scheduler = bare_scheduler()
+    request = plain_request()
+    scheduler.on_new_request(request)
+    request.num_computed_tokens, request.num_tokens = 64, 67
+    clock = itertools.chain([100.0, 101.0, 103.0], itertools.repeat(104.0)).__next__
+    monkeypatch.setattr("agentkv_server.connector.scheduler.time.monotonic", clock)
+    scheduler._loaded_at["turn-1"] = clock()  # as update_connector_output records a load
+    vllm_logger = logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "propagate", True)
+
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        for _ in range(3):  # 1 s (quiet), 3 s (reported), then never again
+            scheduler._note_loaded_requests_left_waiting(SimpleNamespace(num_scheduled_tokens={}))
+
+    assert [r.getMessage() for r in caplog.records] == [
+        (
+            "Request turn-1: its KV arrived 3.0 s ago and it is not scheduled yet "
+            "(status None, 64 of 67 tokens computed, 1 unfinished requests)"
+        )
+    ]
+
+
+def test_a_loaded_request_that_runs_is_not_reported() -> None:
+    scheduler = bare_scheduler()
+    request = plain_request()
+    scheduler.on_new_request(request)
+    scheduler._loaded_at["turn-1"] = 0.0  # long ago
+
+    scheduler._note_loaded_requests_left_waiting(
+        SimpleNamespace(num_scheduled_tokens={"turn-1": 3})
+    )
+
+    assert scheduler._loaded_at == {}
