@@ -265,8 +265,8 @@ class Soak:
         at = time.monotonic() - self.started
         victim.kill()
         began = time.monotonic()
-        # A supervisor restarts an engine under a new NIXL engine id (docs/faults.md, "An
-        # engine restarted under its old id"); --same-engine-id restarts it under its old one.
+        # A supervisor restarts an engine under a new NIXL engine id (docs/deploy.md);
+        # --same-engine-id restarts it under its old one.
         spec = victim.spec
         if not self.args.same_engine_id:
             spec = dataclasses.replace(spec, fresh_engine_id=True)

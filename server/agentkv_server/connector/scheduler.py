@@ -122,13 +122,11 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         scheduled keeps the engine stepping: a paced wait ends only on a new request, and its
         load's end or a freed slot is none (docs/connector.md, "Idle engines").
         """
-        if scheduler_output.total_num_scheduled_tokens > 0 or self._reqs_need_recv:
-            return True
-        if self._unfinished:
-            logger.debug("Nothing scheduled but %d request(s) unfinished: stepping on",
-                         len(self._unfinished))  # fmt: skip
-            return True
-        return False
+        return (
+            scheduler_output.total_num_scheduled_tokens > 0
+            or bool(self._reqs_need_recv)
+            or bool(self._unfinished)
+        )
 
     # -- P: verified pulls ---------------------------------------------------------------
 
