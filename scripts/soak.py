@@ -59,6 +59,8 @@ HOLDINGS_EVERY_S = 10.0
 PORTS_FREE_WAIT_S = 60.0
 STALLS = ("agentkv_engine_errors_total", 'kind="stall"')
 FALLBACKS = ("agentkv_turns_total", 'path="fallback"')
+# Reads the connector abandoned (past their deadline, or their peer failed) or NIXL failed.
+FAILED_READS = "vllm:nixl_num_failed_transfers_total"
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Sample:
     stalls: float
     fallbacks: float
     transfers: dict[str, TransferTotals]  # by engine, since its start
+    failed_reads: dict[str, float]  # by engine, since its start
 
 
 @dataclass
@@ -295,15 +298,18 @@ class Soak:
 
     def sample(self) -> Sample:
         router = scrape(self.stack.endpoint)
-        transfers = {}
+        transfers, failed_reads = {}, {}
         for engine in self.stack.engines:
-            totals = parse_transfer_totals(scrape(engine.url) or "")
+            text = scrape(engine.url)
+            totals = parse_transfer_totals(text or "")
             if totals is not None:
                 transfers[engine.name] = totals
+                failed_reads[engine.name] = total(text or "", FAILED_READS)
         return Sample(
             stalls=total(router or "", *STALLS),
             fallbacks=total(router or "", *FALLBACKS),
             transfers=transfers,
+            failed_reads=failed_reads,
         )
 
     async def watch_holdings(self) -> None:
@@ -379,19 +385,25 @@ def percentiles(seconds: list[float]) -> str:
 
 
 def print_thirds(samples: list[Sample]) -> None:
-    """Per third: the router's pull stalls and fallback turns, the engines' KV transfers. An
-    engine restarted within a third counts only its transfers since the restart."""
-    print("\n| third | pull stalls | fallback turns | KV transfers | mean transfer ms |")
-    print("|---|---|---|---|---|")
+    """Per third: the router's pull stalls and fallback turns, the engines' KV transfers and
+    failed or abandoned reads. An engine restarted within a third counts only its transfers
+    since the restart."""
+    print(
+        "\n| third | pull stalls | fallback turns | KV transfers | mean transfer ms | failed reads |"
+    )
+    print("|---|---|---|---|---|---|")
     for third, (before, after) in enumerate(itertools.pairwise(samples), start=1):
-        moved = TransferTotals(0, 0.0)
+        moved, failed = TransferTotals(0, 0.0), 0.0
         for engine, now in after.transfers.items():
             then = before.transfers.get(engine, TransferTotals(0, 0.0))
-            moved += now - then if now.reads >= then.reads else now  # restarted: counts anew
+            restarted = now.reads < then.reads
+            moved += now if restarted else now - then
+            failed_then = 0.0 if restarted else before.failed_reads.get(engine, 0.0)
+            failed += after.failed_reads.get(engine, 0.0) - failed_then
         mean = f"{1000 * moved.seconds / moved.reads:.1f}" if moved.reads else "-"
         print(
             f"| {third} | {after.stalls - before.stalls:.0f} | "
-            f"{after.fallbacks - before.fallbacks:.0f} | {moved.reads} | {mean} |"
+            f"{after.fallbacks - before.fallbacks:.0f} | {moved.reads} | {mean} | {failed:.0f} |"
         )
 
 

@@ -26,9 +26,10 @@ class ConnectorSettings:
     """Everything ``AgentKVConnector`` adds to NixlConnector's configuration.
 
     ``default_retention_seconds`` applies when a request names no retention; requests may ask
-    for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` bounds how long
-    a prefill engine waits for one pull (handshake and read) before it recomputes instead; a peer
-    whose transfer failed gets no handshake, read or heartbeat for ``dead_peer_seconds``; the
+    for less or more, up to ``max_retention_seconds``. ``pull_timeout_seconds`` (plus the
+    pull's size at ``worker.PULL_FLOOR_BYTES_PER_SECOND``) bounds how long an engine waits for one
+    pull (handshake and read) before it recomputes instead; a peer whose transfer failed or
+    stalled gets no handshake, read or heartbeat for ``dead_peer_seconds``; the
     handshake listener of each peer a read is waiting on is probed every ``peer_probe_seconds``
     (``peers.py``; 0 turns that off). An engine with nothing to compute for
     ``idle_grace_seconds`` waits ``idle_sleep_seconds`` per step, growing up to
@@ -44,7 +45,7 @@ class ConnectorSettings:
     secret: str | None = None
     report_queue_size: int = 1024
     report_timeout_seconds: float = 2.0
-    pull_timeout_seconds: float = 30.0
+    pull_timeout_seconds: float = 5.0
     dead_peer_seconds: float = 10.0
     peer_probe_seconds: float = 1.0
     nixl_progress_delay_us: int = 10_000
@@ -94,7 +95,7 @@ class ConnectorSettings:
             secret=extra.get(wire.EXTRA_SECRET) or environ.get(wire.SECRET_ENV) or None,
             report_queue_size=int(extra.get(wire.EXTRA_REPORT_QUEUE_SIZE, 1024)),
             report_timeout_seconds=float(extra.get(wire.EXTRA_REPORT_TIMEOUT_SECONDS, 2.0)),
-            pull_timeout_seconds=float(extra.get(wire.EXTRA_PULL_TIMEOUT_SECONDS, 30.0)),
+            pull_timeout_seconds=float(extra.get(wire.EXTRA_PULL_TIMEOUT_SECONDS, 5.0)),
             dead_peer_seconds=float(extra.get(wire.EXTRA_DEAD_PEER_SECONDS, 10.0)),
             peer_probe_seconds=float(extra.get(wire.EXTRA_PEER_PROBE_MS, 1000.0)) / 1000,
             nixl_progress_delay_us=int(extra.get(wire.EXTRA_NIXL_PROGRESS_DELAY_US, 10_000)),

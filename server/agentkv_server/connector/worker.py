@@ -17,9 +17,12 @@ Five changes to upstream:
   upstream's constructor starts are moved to ``SCHED_IDLE``. Off by default: the paced thread
   takes almost nothing, and at ``SCHED_IDLE`` a loaded holder served reads only when no forward
   pass wanted its core (pulls stalled for 30 s; docs/connector.md).
-* **Pull deadline.** A pull still in its handshake or read after ``pull_timeout_seconds`` is
-  abandoned and reported as a failed load, which the scheduler turns into a recompute
-  (``kv_load_failure_policy="recompute"``), so no request waits forever on a peer.
+* **Pull deadline.** A pull still in its handshake or read after ``pull_timeout_seconds``, plus
+  its size at ``PULL_FLOOR_BYTES_PER_SECOND``, is abandoned and reported as a failed load, which
+  the scheduler turns into a recompute (``kv_load_failure_policy="recompute"``). Its peer is
+  quarantined as if its read had failed: transfers between a pair of live engines can stop
+  (every read between them then sits in flight, seen for minutes on end), and the peer's other
+  pulls would each wait out their own deadline (docs/faults.md, "Pulls that stall").
 * **Dead peers.** A read that ends in an error (NIXL_ERR_REMOTE_DISCONNECT from a killed holder)
   fails its request at once, drops its handle even when NIXL will not release it, fails every
   other pull from that engine, and quarantines the engine for ``dead_peer_seconds``; so does a
@@ -63,6 +66,9 @@ logger = get_logger(__name__)
 _ABANDONED_MEMORY_SECONDS = 600.0
 # A live listener on this machine or its network answers a connect in well under this.
 _PEER_PROBE_TIMEOUT_SECONDS = 0.5
+# The slowest read rate a pull is granted beyond ``pull_timeout_seconds``: a large context
+# over a slow link gets time in proportion, a stalled read is still found in seconds.
+PULL_FLOOR_BYTES_PER_SECOND = 500e6
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
@@ -99,12 +105,17 @@ class AgentKVWorker(NixlPullConnectorWorker):
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         now = time.monotonic()
         self._quarantine.pop_overdue(now)
-        deadline = now + self._pull_timeout
-        for req_id in metadata.reqs_to_recv:
-            self._pull_deadlines.set(req_id, deadline)
+        for req_id, meta in metadata.reqs_to_recv.items():
+            self._pull_deadlines.set(req_id, now + self._pull_allowance(meta))
         for engine_id in [e for e in metadata.heartbeat_by_engine if e in self._quarantine]:
             del metadata.heartbeat_by_engine[engine_id]  # no handshake to a dead peer
         super().start_load_kv(metadata)
+
+    def _pull_allowance(self, meta: ReqMeta) -> float:
+        """Seconds a pull may take: the timeout, plus its bytes at the floor rate."""
+        blocks = sum(len(group) for group in meta.local_block_ids)
+        block_bytes = sum(self.block_len_per_layer)
+        return self._pull_timeout + blocks * block_bytes / PULL_FLOOR_BYTES_PER_SECOND
 
     def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
         """Post a pull's reads, unless it was abandoned or its peer is quarantined.
@@ -222,10 +233,19 @@ class AgentKVWorker(NixlPullConnectorWorker):
                 self._abandon_pull(req_id, "its peer's transfer failed")
 
     def _abort_overdue_pulls(self) -> None:
-        """Abandon pulls, in handshake or read, that outlived their deadline."""
+        """Abandon pulls, in handshake or read, that outlived their deadline, and quarantine
+        their peers: what stalled one read stalls the next between the same pair."""
         for req_id in self._pull_deadlines.pop_overdue(time.monotonic()):
-            if req_id in self._recving_metadata and req_id not in self._recv_failures:
-                self._abandon_pull(req_id, f"still in flight after {self._pull_timeout:.0f} s")
+            if req_id not in self._recving_metadata or req_id in self._recv_failures:
+                continue
+            engine_id = self._remote_engine_of(req_id)
+            self._abandon_pull(req_id, "no transfer within its deadline")
+            if engine_id is not None and engine_id not in self._quarantine:
+                logger.warning(
+                    "Engine %s: a pull from it stalled; no pull goes to it for %.0f s.",
+                    engine_id, self._dead_peer_seconds,
+                )  # fmt: skip
+                self._quarantine_peer(engine_id)
 
     def _abandon_pull(self, req_id: str, why: str) -> None:
         """Report a pull as a failed load (the request recomputes) and stop its transfer.

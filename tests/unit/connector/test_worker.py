@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason="the worker half subclasses vLLM's NIXL worke
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
 from agentkv_server.connector.deadlines import Deadlines
-from agentkv_server.connector.worker import AgentKVWorker
+from agentkv_server.connector.worker import PULL_FLOOR_BYTES_PER_SECOND, AgentKVWorker
 
 
 class FakeNixl:
@@ -63,6 +63,7 @@ def bare_worker(nixl: FakeNixl) -> AgentKVWorker:
     worker._invalid_remote_engines = set()
     worker._invalid_engine_backoff = {}
     worker._remote_agents = {"decode": {(0, 0): "agent-d"}}
+    worker.block_len_per_layer = []
     return worker
 
 
@@ -87,8 +88,9 @@ def pulling(
 def test_overdue_read_is_aborted_and_marked_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     nixl = FakeNixl()
     worker = bare_worker(nixl)
+    worker._remote_agents["other"] = {(0, 0): "agent-o"}
     pulling(worker, "late", [11, 12], deadline=0.0)
-    pulling(worker, "fresh", [21], deadline=float("inf"))
+    pulling(worker, "fresh", [21], deadline=float("inf"), engine="other")
 
     worker._abort_overdue_pulls()
 
@@ -97,6 +99,50 @@ def test_overdue_read_is_aborted_and_marked_failed(monkeypatch: pytest.MonkeyPat
     assert worker._recv_failures == {"late"}
     assert worker._recving_transfers["fresh"] == [21]
     assert "fresh" in worker._pull_deadlines
+
+
+def test_a_stalled_pull_drops_its_peer_and_every_other_pull_from_it() -> None:
+    # A live peer whose connection wedged: its reads sit in flight, none fails by itself.
+    nixl = FakeNixl()
+    worker = bare_worker(nixl)
+    worker._remote_agents["other"] = {(0, 0): "agent-o"}
+    pulling(worker, "stalled", [1], deadline=0.0)
+    pulling(worker, "sibling", [2], deadline=float("inf"))
+    pulling(worker, "elsewhere", [3], deadline=float("inf"), engine="other")
+
+    worker._abort_overdue_pulls()
+
+    assert nixl.released == [1, 2]
+    assert worker._recv_failures == {"stalled", "sibling"}  # both recompute on this step
+    assert worker._recving_transfers == {"elsewhere": [3]}
+    assert "decode" in worker._quarantine and "other" not in worker._quarantine
+    assert "decode" in worker._invalid_remote_engines  # handshaken afresh after the quarantine
+
+
+def test_a_pull_gets_its_timeout_plus_time_for_its_bytes() -> None:
+    worker = bare_worker(FakeNixl())
+    worker._pull_timeout = 5.0
+    worker.block_len_per_layer = [1_000_000] * 50  # 50 MB a block
+    small = SimpleNamespace(local_block_ids=([1, 2],))
+    large = SimpleNamespace(local_block_ids=(list(range(100)), list(range(100))))
+
+    assert worker._pull_allowance(small) == pytest.approx(5.0 + 100e6 / PULL_FLOOR_BYTES_PER_SECOND)
+    assert worker._pull_allowance(large) == pytest.approx(5.0 + 10e9 / PULL_FLOOR_BYTES_PER_SECOND)
+
+
+def test_each_new_pull_is_stamped_with_its_allowance(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NixlPullConnectorWorker, "start_load_kv", mock.Mock())
+    worker = bare_worker(FakeNixl())
+    worker._pull_timeout = 5.0
+    worker.block_len_per_layer = [1_000_000] * 50
+    meta = SimpleNamespace(local_block_ids=(list(range(100)),))
+    metadata = SimpleNamespace(reqs_to_recv={"big": meta}, heartbeat_by_engine={})
+
+    before = time.monotonic()
+    worker.start_load_kv(metadata)
+
+    assert worker._pull_deadlines.pop_overdue(before + 14.9) == []  # 5 s + 5 GB at the floor
+    assert worker._pull_deadlines.pop_overdue(time.monotonic() + 15.0) == ["big"]
 
 
 def test_handles_the_backend_cannot_release_are_kept_while_running() -> None:
