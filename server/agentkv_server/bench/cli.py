@@ -107,6 +107,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: asked from the engine)",
     )
     where.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        metavar="GIB",
+        help="local stack: each engine's KV cache (default: the preset's, 4 for cpu, else 1)",
+    )
+    where.add_argument(
         "--prefill-url", action="extend", nargs="+", default=[], metavar="URL",
         help="running prefill engines (repeatable): bench runs each mode's router in front",
     )  # fmt: skip
@@ -208,6 +214,7 @@ def _plan(args: argparse.Namespace) -> Preset:
         decode_tokens=args.decode_tokens,
         seed=args.seed,
         repeats=args.repeats,
+        kv_cache_gib=args.kv_cache_gib,
     )
 
 
@@ -332,8 +339,12 @@ def _deployment(
     from agentkv_server.bench.engines import local_engines
 
     model = args.model or plan.model
-    print(f"starting a prefill and a decode engine ({model}); logs in {out_dir}", file=sys.stderr)
-    with local_engines(model, out_dir) as (deployment, model_dir):
+    print(
+        f"starting a prefill and a decode engine ({model}, {plan.kv_cache_gib} GiB of KV cache "
+        f"each); logs in {out_dir}",
+        file=sys.stderr,
+    )
+    with local_engines(model, out_dir, kv_cache_gib=plan.kv_cache_gib) as (deployment, model_dir):
         yield deployment, load_tokenizer(args.tokenizer or model_dir)
 
 

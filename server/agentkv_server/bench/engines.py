@@ -30,7 +30,7 @@ PREFILL_ARGS = ("--no-enable-prefix-caching",)
 
 @contextlib.contextmanager
 def local_engines(
-    model: str | None, log_dir: Path, *, timeout_s: float = 600.0
+    model: str | None, log_dir: Path, *, kv_cache_gib: int = 1, timeout_s: float = 600.0
 ) -> Iterator[tuple[Deployment, Path]]:
     """Start P and D for ``model`` (a preset name or a model directory); yield the deployment
     the modes run on and the model's directory; stop both engines afterwards."""
@@ -42,6 +42,7 @@ def local_engines(
         prefill_args=PREFILL_ARGS,
         router=False,
         report_port=router_port,
+        kv_cache_gib=kv_cache_gib,
     )
     stack = Stack(config).start(timeout_s)
     try:

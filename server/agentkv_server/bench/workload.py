@@ -148,11 +148,17 @@ class Preset:
     workload: Workload
     repeats: int
     model: str = "tiny"  # the random-weight test model: starts fast, words are noise
+    # Each local engine's KV cache: room for what every mode keeps between turns, so that the
+    # run compares speed (upstream's fixed 480 s retention fills 1 GiB on the cpu preset).
+    kv_cache_gib: int = 1
 
     def with_overrides(self, **fields: object) -> Preset:
-        """A copy whose workload fields (or ``repeats`` / ``model``) are replaced where given."""
+        """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib``) are
+        replaced where given."""
         given = {name: value for name, value in fields.items() if value is not None}
-        own = {name: given.pop(name) for name in ("repeats", "model") if name in given}
+        own = {
+            name: given.pop(name) for name in ("repeats", "model", "kv_cache_gib") if name in given
+        }
         return replace(self, workload=replace(self.workload, **given), **own)
 
 
@@ -184,6 +190,7 @@ PRESETS: dict[str, Preset] = {
         ),
         repeats=2,
         model=DEFAULT_MODEL,
+        kv_cache_gib=4,
     ),
     "vllm": Preset(
         "shaped like vLLM's published multi-turn result: 10 conversations x 10 turns, 150 new "

@@ -386,6 +386,8 @@ class Orchestrator:
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             self._account_local(turn, None)
+        elif turn.prefill_params is not None:  # D read P's blocks: what pull and recompute add
+            self._policy.observe_handoff(turn.phases["decode"])
         self._record_turn(turn)
         return StreamingResponse(
             self._relay(turn, _Relayed(stream, engine, ticket), editor),

@@ -99,6 +99,9 @@ class ReusePolicy(Protocol):
     def observe_local(self, new_tokens: int, seconds: float) -> None:
         """A local turn's new tokens and its decode step's time to first byte."""
 
+    def observe_handoff(self, seconds: float) -> None:
+        """A decode step's time to first byte after a prefill step (reading P's new blocks)."""
+
 
 class LinearFit:
     """``seconds = intercept + slope * tokens``, fitted by exponentially weighted least squares.
@@ -146,11 +149,15 @@ class CostModelPolicy:
     Prefill steps that pulled nothing fit ``seconds = fixed + per_token * computed``; steps that
     pulled fit the rest of their time, ``seconds - fixed - per_token * computed``, as
     ``overhead + per_pulled_token * pulled``; local turns fit their decode step's time to first
-    byte against their new tokens. Predicted, for H held and N new tokens:
+    byte against their new tokens; ``handoff`` is the running mean of a decode step's time to
+    first byte after a prefill step. Predicted, for H held and N new tokens:
 
     - local: ``local(N)``, paid on the holder, which stalls its running sequences as long;
     - pull: ``fixed + pull(H) + per_token * N``;
     - recompute: ``fixed + per_token * (H + N)``.
+
+    Pull and recompute are compared as they are (both then pay the handoff); local is compared
+    with them plus the handoff, since its own measurement already ends at the first byte.
     """
 
     name: PolicyName = "agentkv"
@@ -169,6 +176,7 @@ class CostModelPolicy:
         self._pull = LinearFit(cost.pull_overhead_s, 1.0 / cost.pull_tokens_per_s, cost.ewma_alpha)
         # Until a local turn is measured, the holder is assumed to prefill at P's rate.
         self._local: LinearFit | None = None
+        self._handoff: float | None = None  # until measured: as if D answered at once after P
 
     @property
     def considers_local(self) -> bool:
@@ -184,6 +192,11 @@ class CostModelPolicy:
 
     def predicted_recompute_s(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token
+
+    @property
+    def handoff_s(self) -> float:
+        """What a pull or a recompute pays after its prefill step: D's time to first byte."""
+        return self._handoff or 0.0
 
     def predicted_local_s(self, new_tokens: int) -> float:
         if self._local is None:
@@ -204,7 +217,7 @@ class CostModelPolicy:
         if load is not None and self._local_settings.enabled:
             local_s = self.predicted_local_s(load.new_tokens)
             refused = self._local_refusal(load, local_s)
-            if refused is None and local_s <= min(pull_s, recompute_s):
+            if refused is None and local_s <= min(pull_s, recompute_s) + self.handoff_s:
                 return Decision(KVPath.LOCAL, "local_fastest")
         if remaining_s < self.predicted_pull_s(held) + self._cost.expiry_guard_s:
             return Decision(KVPath.RECOMPUTE, "expiring")
@@ -244,6 +257,12 @@ class CostModelPolicy:
             self._local = LinearFit(0.0, self.prefill_s_per_token, self._cost.ewma_alpha)
         self._local.add(new_tokens, seconds)
 
+    def observe_handoff(self, seconds: float) -> None:
+        if self._handoff is None:
+            self._handoff = seconds
+        else:
+            self._handoff += self._cost.ewma_alpha * (seconds - self._handoff)
+
 
 class AlwaysPolicy(CostModelPolicy):
     """Pull every holding that outlives the expiry guard; retain as the cost model does."""
@@ -280,6 +299,9 @@ class UpstreamPolicy:
     def observe_local(self, new_tokens: int, seconds: float) -> None:
         return None
 
+    def observe_handoff(self, seconds: float) -> None:
+        return None
+
 
 class NeverPolicy:
     """Always recompute, and ask engines to free each turn's KV at once."""
@@ -298,6 +320,9 @@ class NeverPolicy:
         return None
 
     def observe_local(self, new_tokens: int, seconds: float) -> None:
+        return None
+
+    def observe_handoff(self, seconds: float) -> None:
         return None
 
 

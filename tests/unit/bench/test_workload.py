@@ -147,6 +147,8 @@ def test_overrides_replace_only_what_is_given() -> None:
     preset = PRESETS["quick"].with_overrides(turns=7, repeats=3, sessions=None)
     assert preset.workload.turns == 7 and preset.repeats == 3
     assert preset.workload.sessions == PRESETS["quick"].workload.sessions
+    assert preset.kv_cache_gib == PRESETS["quick"].kv_cache_gib == 1
+    assert PRESETS["cpu"].with_overrides(kv_cache_gib=2).kv_cache_gib == 2
 
 
 def test_load_tokenizer(tmp_path: Path, bpe: FileTokenizer) -> None:

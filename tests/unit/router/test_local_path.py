@@ -77,6 +77,27 @@ def test_measured_slow_local_prefill_sends_mid_size_parts_to_pull():
     assert policy.decide(held(3000), NOW, idle(400)).path is KVPath.PULL
 
 
+def test_local_is_compared_with_the_decode_step_a_pull_still_needs():
+    """A local turn's measured time ends at D's first byte; a pull's P step is followed by a
+    D step of its own. Found on the cpu preset: with the P step alone as the pull's cost, half
+    of the 1000-token follow-ups pulled (0.87-1.19 s) where local answered in 0.60-0.71 s."""
+    policy = cost_model()
+    for _ in range(30):  # the holder prefills 160 new tokens in 0.3 s
+        policy.observe_local(160, 0.3)
+    assert policy.decide(held(1200), NOW, idle(160)).path is KVPath.PULL  # 0.3 s vs 0.15 s
+    policy.observe_handoff(0.25)  # D's step after P: 0.25 s to its first byte
+    assert policy.handoff_s == pytest.approx(0.25)
+    assert policy.decide(held(1200), NOW, idle(160)).path is KVPath.LOCAL
+
+
+def test_the_handoff_is_a_running_mean():
+    policy = cost_model()
+    policy.observe_handoff(1.0)
+    for _ in range(50):
+        policy.observe_handoff(0.2)
+    assert policy.handoff_s == pytest.approx(0.2, abs=0.01)
+
+
 def test_local_turns_without_new_tokens_keep_the_prior_rate():
     """A session that resends its prompt (a retry) has no new tokens: every local sample is
     at zero tokens, which fixes no slope. Found by scripts/router_vs_rust.py: every later
@@ -195,6 +216,18 @@ async def test_streamed_local_turn_teaches_the_local_rate(make_router):
     assert "decode;dur=" in response.headers["server-timing"]
     assert policy.predicted_local_s(100) != before
     assert await router.state.store.take("s1") is not None  # reported by the holder
+
+
+async def test_streamed_turn_after_a_prefill_step_teaches_the_handoff(make_router):
+    router = await make_router(local=LOCAL_ON)
+    policy = router.state.policy
+    assert isinstance(policy, CostModelPolicy)
+    assert policy.handoff_s == 0.0
+
+    response = await router.chat(conversation(1, 300), session="s1", stream=True)
+
+    assert response.headers["x-agentkv-kv-path"] == "recompute"  # P, then D read its blocks
+    assert policy.handoff_s > 0.0
 
 
 @pytest.mark.parametrize("fault", ["error", "disconnect"])
