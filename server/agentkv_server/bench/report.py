@@ -151,14 +151,16 @@ def _trade_table(summary: Summary) -> list[str]:
         (
             "Decoding sessions beside the turns: inter-token latency (TPOT) of their streams, "
             f"pooled over repeats, against the agent sessions' follow-up TTFT; p99 ratio over "
-            f"`{summary.baseline}`'s:"
+            f"`{summary.baseline}`'s; delay per turn: the gaps' excess over their median, summed "
+            "and divided by the mode's agent turns (what one turn cost the decoders, whatever "
+            "the run's length):"
         ),
         "",
         (
             "| mode | TTFT follow-up (s) | TPOT p50 (ms) | TPOT p99 (ms) | TPOT max (ms) "
-            "| p99 ratio | gaps | decode errors | local follow-ups |"
+            "| p99 ratio | delay per turn (s) | gaps | decode errors | local follow-ups |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in summary.modes:
         tpot = m.tpot
@@ -167,6 +169,7 @@ def _trade_table(summary: Summary) -> list[str]:
             _spread(m.ttft_followup_s),
             *(("n/a",) * 3 if tpot is None else (_ms(tpot.p50), _ms(tpot.p99), _ms(tpot.max))),
             _times(m.tpot_p99_ratio),
+            "n/a" if m.tpot_delay_per_turn_s is None else f"{m.tpot_delay_per_turn_s:.2f}",
             "0" if tpot is None else str(tpot.gaps),
             str(m.decode_errors),
             f"{m.paths.get('local', 0)} of {m.followups}" if m.paths else "n/a",

@@ -99,6 +99,10 @@ class ModeSummary:
     """Decoding sessions' inter-token latency; None without decoding sessions."""
     tpot_p99_ratio: float | None = None
     """This mode's TPOT p99 over the baseline's (above 1: decoding suffers more)."""
+    tpot_delay_per_turn_s: float | None = None
+    """Seconds the decoding sessions' gaps ran over their median, per agent turn of the mode:
+    what one turn cost them. The p99 also depends on how many gaps a run had (a mode whose
+    closed-loop sessions finish sooner has fewer), this does not."""
     decode_errors: int = 0
     """Decoding sessions' failed requests."""
     transfers: dict[str, TransferTotals] = field(default_factory=dict)
@@ -167,15 +171,17 @@ def summarize(
     )
 
 
+def _gaps(decodes: list[DecodeRecord], mode: str, history: int | None = None) -> list[float]:
+    return [
+        gap
+        for d in decodes
+        if d.mode == mode and (history is None or d.history_tokens == history)
+        for gap in d.gaps_s
+    ]
+
+
 def _tpot(decodes: list[DecodeRecord], mode: str, history: int | None = None) -> Tpot | None:
-    return Tpot.of(
-        [
-            gap
-            for d in decodes
-            if d.mode == mode and (history is None or d.history_tokens == history)
-            for gap in d.gaps_s
-        ]
-    )
+    return Tpot.of(_gaps(decodes, mode, history))
 
 
 def _transfers(transfers: list[TransferRecord], mode: str) -> dict[str, TransferTotals]:
@@ -189,10 +195,20 @@ def _transfers(transfers: list[TransferRecord], mode: str) -> dict[str, Transfer
 
 
 def _with_tpot(summary: ModeSummary, decodes: list[DecodeRecord], base: Tpot | None) -> ModeSummary:
-    tpot = _tpot(decodes, summary.mode)
+    gaps = _gaps(decodes, summary.mode)
+    tpot = Tpot.of(gaps)
     ratio = tpot.p99 / base.p99 if tpot is not None and base is not None and base.p99 > 0 else None
+    delay = None
+    if tpot is not None and summary.turns:
+        delay = sum(max(gap - tpot.p50, 0.0) for gap in gaps) / summary.turns
     errors = sum(d.error is not None for d in decodes if d.mode == summary.mode)
-    return replace(summary, tpot=tpot, tpot_p99_ratio=ratio, decode_errors=errors)
+    return replace(
+        summary,
+        tpot=tpot,
+        tpot_p99_ratio=ratio,
+        tpot_delay_per_turn_s=delay,
+        decode_errors=errors,
+    )
 
 
 def _mode_summary(mode: str, records: list[TurnRecord], base: list[TurnRecord]) -> ModeSummary:

@@ -5,6 +5,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from agentkv_server.bench.records import BenchResult, DecodeRecord, TurnRecord
 from agentkv_server.bench.report import (
     JSON_NAME,
@@ -71,11 +73,13 @@ def test_decoding_sessions_add_the_trade_table_and_plot(
     trade = text[text.index("TPOT p50 (ms)") :]
     agentkv_row = next(line for line in trade.splitlines() if line.startswith("| agentkv |"))
     # 110 gaps: p50 20 ms, p99 the 109th = 300 ms, max 300 ms; p99 over recompute's 20 ms.
-    assert "| 20 | 300 | 300 | 15.00x | 110 | 0 |" in agentkv_row
+    assert "| 20 | 300 | 300 | 15.00x | 0.0" in agentkv_row and "| 110 | 0 |" in agentkv_row
     data = json.loads((tmp_path / JSON_NAME).read_text())
     assert BenchResult.from_dict(data) == result
     modes = {m["mode"]: m for m in data["summary"]["modes"]}
     assert modes["agentkv"]["tpot"]["p99"] == 0.3
+    # Delay per turn: 2 x 280 ms + 10 x 10 ms over the gaps' median, over 12 answered turns.
+    assert modes["agentkv"]["tpot_delay_per_turn_s"] == pytest.approx(0.66 / 12)
 
 
 def test_without_decoding_sessions_no_trade_table(

@@ -109,6 +109,22 @@ def test_stalls_beyond_one_percent_raise_p99() -> None:
     assert tpot is not None and tpot.p99 == 0.3 and tpot.p50 == 0.02
 
 
+def test_delay_per_turn_does_not_depend_on_the_runs_length(records: list[TurnRecord]) -> None:
+    """The same three 0.2 s stalls among 3x fewer gaps (a mode whose sessions finish sooner)
+    make a 10x p99, but the same delay per turn. Found on the cpu preset with a decoder."""
+    decodes = [
+        decoding("recompute", [0.02] * 297 + [0.2] * 3),
+        decoding("agentkv", [0.02] * 97 + [0.2] * 3),
+    ]
+    summary = summarize(records, decodes=decodes)
+    agentkv, recompute = summary.mode("agentkv"), summary.mode("recompute")
+    assert agentkv is not None and recompute is not None
+    assert agentkv.tpot_p99_ratio == pytest.approx(10.0)
+    stalled = 3 * (0.2 - 0.02)
+    assert recompute.tpot_delay_per_turn_s == pytest.approx(stalled / recompute.turns)
+    assert agentkv.tpot_delay_per_turn_s == pytest.approx(stalled / agentkv.turns)
+
+
 def test_no_decoding_sessions_means_no_tpot(records: list[TurnRecord]) -> None:
     summary = summarize(records)
     assert all(m.tpot is None and m.tpot_p99_ratio is None for m in summary.modes)
