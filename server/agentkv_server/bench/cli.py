@@ -230,6 +230,8 @@ class _Setup:
     model: str
     tokenizer: TextTokenizer
     description: str
+    open_warm_up: OpenTarget | None = None
+    """How the warm-up opens its mode, where that differs from ``open_target``."""
 
 
 def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResult:
@@ -277,13 +279,14 @@ async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> 
 async def _warm_up(runner: Runner, setup: _Setup, salt: str) -> None:
     """One short session before measuring, not recorded: first requests on fresh engines pay
     one-off costs (the first NIXL handshake in each direction among them). It goes through the
-    first of ``_WARM_UP_VIA`` measured: never ``upstream``, whose engines would then retain the
+    first of ``_WARM_UP_VIA`` measured (``agentkv`` with the ``always`` policy on a router bench
+    runs, so that its follow-ups pull): never ``upstream``, whose engines would then retain the
     session's KV for 480 s while the other modes run."""
     mode = next((m for m in _WARM_UP_VIA if m in setup.modes), None)
     if mode is None:
         return
     warm = Runner(_WARM_UP, runner.tokenizer, request_timeout_s=runner.request_timeout_s)
-    async with setup.open_target(mode) as target:
+    async with (setup.open_warm_up or setup.open_target)(mode) as target:
         await warm.run(target, repeat=-1, salt=f"warm-{salt}")
 
 
@@ -301,7 +304,13 @@ def _setup(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Iterator[_S
             f"prefill {list(deployment.prefill_urls)}, decode {list(deployment.decode_urls)}, "
             f"aggregated {list(deployment.aggregated_urls)}"
         )
-        yield _Setup(tuple(args.modes), routed, deployment.model, tokenizer, description)
+
+        def warming(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
+            # agentkv's own policy continues short follow-ups on the holder, which would leave
+            # P's first pull from D (and its handshake) to the measured turns.
+            return serve_mode(mode, deployment, policy="always" if mode == "agentkv" else None)
+
+        yield _Setup(tuple(args.modes), routed, deployment.model, tokenizer, description, warming)
 
 
 def _given_endpoints(args: argparse.Namespace) -> _Setup:

@@ -74,8 +74,11 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def serve_mode(mode: ModeName, deployment: Deployment) -> AsyncIterator[Target]:
-    """Set ``mode`` up in front of the deployment's engines for as long as the block runs."""
+async def serve_mode(
+    mode: ModeName, deployment: Deployment, *, policy: PolicyName | None = None
+) -> AsyncIterator[Target]:
+    """Set ``mode`` up in front of the deployment's engines for as long as the block runs;
+    ``policy`` replaces the mode's router policy (the warm-up pulls with ``always``)."""
     metrics = deployment.metrics_urls(mode)
     if mode == "aggregated":
         if not deployment.aggregated_urls:
@@ -87,7 +90,7 @@ async def serve_mode(mode: ModeName, deployment: Deployment) -> AsyncIterator[Ta
         port=deployment.router_port,
         prefill_urls=deployment.prefill_urls,
         decode_urls=deployment.decode_urls,
-        policy=_POLICY[mode],
+        policy=policy or _POLICY[mode],
         secret=deployment.secret,
     )
     async with serve_router(settings) as url:

@@ -103,6 +103,22 @@ def test_every_mode_against_given_engines(
     assert all(f"| {mode} |" in summary for mode in cli.MODES)
 
 
+def test_warm_up_pulls_before_the_measured_turns_continue_locally(
+    stubs: StubThread, router_port: int, tmp_path: Path
+) -> None:
+    """The measured agentkv turns go ``local``; only the warm-up (policy ``always``) pulls,
+    so P's first pull from D happens before measuring."""
+    code = bench(
+        *SMALL, "--modes", "agentkv", "--prefill-url", stubs.engine("prefill").url,
+        "--decode-url", stubs.engine("decode").url, "--router-port", str(router_port),
+        "--secret", SECRET, "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0
+    result = BenchResult.from_dict(json.loads((tmp_path / JSON_NAME).read_text()))
+    assert {r.kv_path for r in result.records if r.turn > 1} == {"local"}
+    assert stubs.engine("prefill").pulled  # the warm-up's follow-ups
+
+
 def test_given_endpoint_measured_as_it_is(stubs: StubThread, tmp_path: Path) -> None:
     engine = stubs.engine("decode")
     code = bench(*SMALL, "--base-url", f"aggregated={engine.url}", "--out", str(tmp_path))
