@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from typing_extensions import Self
 
+from agentkv_server.bench.engines import PREFILL_ARGS
 from agentkv_server.bundle.launcher import ENGINE_FATAL_MARKERS, EngineSpec, Role
 from agentkv_server.bundle.model import resolve_model
 from agentkv_server.bundle.process import ManagedProcess
@@ -171,6 +172,11 @@ def engine_specs(network: Network, logs: Path, model: Path, served_name: str, se
             host=network.hosts[name].address,
             cores=cores[i],
             env=env,
+            # P's own prefix cache would hold a session's history after its recomputed turn,
+            # and the router counts P's cached tokens as reused: a pull that failed on a cut
+            # link then read as "reuse" (seen once). Without it, what P reports
+            # cached is what it pulled over the link, as in `agentkv bench`.
+            engine_args=PREFILL_ARGS if role == "prefill" else (),
         )
         for i, (name, role) in enumerate(ENGINES)
     }
