@@ -174,8 +174,8 @@ def engine_specs(network: Network, logs: Path, model: Path, served_name: str, se
             env=env,
             # P's own prefix cache would hold a session's history after its recomputed turn,
             # and the router counts P's cached tokens as reused: a pull that failed on a cut
-            # link then read as "reuse" (seen once). Without it, what P reports
-            # cached is what it pulled over the link, as in `agentkv bench`.
+            # link then read as "reuse" (seen once). Without it, what P reports cached is
+            # what it pulled over the link, as in `agentkv bench`.
             engine_args=PREFILL_ARGS if role == "prefill" else (),
         )
         for i, (name, role) in enumerate(ENGINES)
