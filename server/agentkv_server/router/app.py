@@ -9,7 +9,7 @@ Routes:
   GET    /health, /metrics                        engine health; Prometheus text
 
 Who may call which is decided before any route runs (guard.py, auth.py, docs/security.md).
-Everything that lives as long as the app (the aiohttp session, the store, the health loop) is
+Everything that lives as long as the app (the HTTP client, the store, the health loop) is
 created in the lifespan and closed with it. Tests drive the app in-process with
 ``httpx.ASGITransport`` inside ``app.router.lifespan_context(app)``.
 """
@@ -22,14 +22,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentkv import protocol
 from agentkv_server import wire
-from agentkv_server.router import codec
 from agentkv_server.router.auth import (
     METRICS_PATH,
     AccessPolicy,
@@ -40,6 +38,7 @@ from agentkv_server.router.fastpath import FastRoutes
 from agentkv_server.router.formats import Endpoint
 from agentkv_server.router.guard import TENANT_STATE, RequestGuard
 from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.intake import read_json, read_request
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.orchestrator import Orchestrator
@@ -63,7 +62,7 @@ class RouterState:
     policy: ReusePolicy
     metrics: RouterMetrics
     store: ResilientStore
-    http: aiohttp.ClientSession
+    http: HTTPClient
     keeper: HoldingKeeper
     health: HealthMonitor
     orchestrator: Orchestrator
@@ -107,11 +106,7 @@ def create_app(
 
 
 def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) -> RouterState:
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
-        raise_for_status=False,
-        json_serialize=codec.dumps_text,
-    )
+    http = HTTPClient(max_connections=settings.max_connections)
     metrics = RouterMetrics()
     resilient = ResilientStore(
         store or _make_store(settings),
@@ -219,16 +214,16 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         state = _state(request)
-        timeout = aiohttp.ClientTimeout(total=state.settings.timeouts.health_s)
+        timeout = Timeout(total=state.settings.timeouts.health_s)
         for engine in [*state.decode.engines, *state.prefill.engines]:
             if not engine.healthy:
                 continue
             try:
-                async with state.http.get(f"{engine.url}/v1/models", timeout=timeout) as answer:
-                    if answer.status == 200:
-                        return Response(await answer.read(), media_type="application/json")
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+                answer = await state.http.fetch(f"{engine.url}/v1/models", timeout)
+            except (HTTPError, asyncio.TimeoutError):
                 continue
+            if answer.status == 200:
+                return Response(answer.body, media_type="application/json")
         raise RouterError(
             503, "No engine answered /v1/models.", type="server_error", code="no_engine_available"
         )

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse
 
-__all__ = ["JSONBytesResponse", "dumps", "dumps_text", "loads"]
+__all__ = ["JSONBytesResponse", "dumps", "loads"]
 
 
 def loads(raw: bytes | str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
@@ -33,11 +33,6 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, a lone surrogate
         return json.dumps(value, separators=(",", ":")).encode()
-
-
-def dumps_text(value: Any) -> str:
-    """:func:`dumps` as text: aiohttp's ``json_serialize``."""
-    return dumps(value).decode()
 
 
 class JSONBytesResponse(JSONResponse):

@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
-import aiohttp
-
 from agentkv_server import wire
+from agentkv_server.router import codec
+from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
@@ -41,7 +41,7 @@ class HoldingKeeper:
     def __init__(
         self,
         store: ResilientStore,
-        http: aiohttp.ClientSession,
+        http: HTTPClient,
         *,
         safety_margin_s: float,
         release_timeout_s: float,
@@ -50,7 +50,7 @@ class HoldingKeeper:
         self._store = store
         self._http = http
         self._safety_margin_s = safety_margin_s
-        self._release_timeout = aiohttp.ClientTimeout(total=release_timeout_s)
+        self._release_timeout = Timeout(total=release_timeout_s)
         self._releases_enabled = releases_enabled
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
@@ -178,14 +178,13 @@ class HoldingKeeper:
     async def _release(self, decode_url: str, model: str, request_ids: list[str]) -> bool:
         body = wire.release_body(model, request_ids)
         try:
-            async with self._http.post(
-                f"{decode_url}/v1/completions", json=body, timeout=self._release_timeout
-            ) as response:
-                released = response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            answer = await self._http.fetch(
+                f"{decode_url}/v1/completions", self._release_timeout, json=codec.dumps(body)
+            )
+        except (HTTPError, asyncio.TimeoutError) as exc:
             logger.debug("release on %s failed: %r", decode_url, exc)
             return False
-        return released
+        return answer.status == 200
 
     async def drain(self) -> None:
         """Wait for background releases (at shutdown)."""

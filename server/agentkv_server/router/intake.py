@@ -30,7 +30,7 @@ __all__ = ["ClientRequest", "Endpoint", "read_json", "read_request"]
 _STRIPPED_FIELDS = (protocol.BODY_FIELD, *protocol.SESSION_ID_BODY_FIELDS, wire.KV_TRANSFER_PARAMS)
 # Client headers worth passing on to engines (an engine started with --api-key checks it).
 _FORWARDED_HEADERS = ("authorization",)
-# RFC 9110 5.5: no control characters but tab in a field value (aiohttp refuses to send them).
+# RFC 9110 5.5: no control characters but tab in a field value (an engine's HTTP parser refuses them).
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
 

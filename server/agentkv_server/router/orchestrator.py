@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from agentkv_server import wire
@@ -38,6 +37,7 @@ from agentkv_server.router.codec import JSONBytesResponse
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.formats import StreamEditor
 from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.placement import Engine, EnginePool
@@ -65,7 +65,7 @@ class Orchestrator:
     def __init__(
         self,
         settings: Settings,
-        http: aiohttp.ClientSession,
+        http: HTTPClient,
         prefill: EnginePool,
         decode: EnginePool,
         keeper: HoldingKeeper,
@@ -81,18 +81,12 @@ class Orchestrator:
         self._metrics = metrics
         timeouts = settings.timeouts
         self._watchdog = Watchdog(http, settings.faults, timeouts.health_s)
-        self._prefill_timeout = aiohttp.ClientTimeout(
-            total=timeouts.prefill_s, connect=timeouts.connect_s
-        )
-        self._pull_timeout = aiohttp.ClientTimeout(
+        self._prefill_timeout = Timeout(total=timeouts.prefill_s, connect=timeouts.connect_s)
+        self._pull_timeout = Timeout(
             total=min(timeouts.pull_s, timeouts.prefill_s), connect=timeouts.connect_s
         )
-        self._decode_timeout = aiohttp.ClientTimeout(
-            total=timeouts.decode_s, connect=timeouts.connect_s
-        )
-        self._tokenize_timeout = aiohttp.ClientTimeout(
-            total=timeouts.tokenize_s, connect=timeouts.connect_s
-        )
+        self._decode_timeout = Timeout(total=timeouts.decode_s, connect=timeouts.connect_s)
+        self._tokenize_timeout = Timeout(total=timeouts.tokenize_s, connect=timeouts.connect_s)
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
         turn = Turn(request, started)
@@ -348,7 +342,7 @@ class Orchestrator:
         return {**body, wire.KV_TRANSFER_PARAMS: params}
 
     async def _post(
-        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: aiohttp.ClientTimeout
+        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: Timeout
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
         with engine.busy():
@@ -429,7 +423,7 @@ class Orchestrator:
                         yield part
                     if not editor.ended:
                         broke = "the stream ended before its end"
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (HTTPError, asyncio.TimeoutError) as exc:
                     broke = repr(exc)
                 finally:
                     relayed.stream.close()

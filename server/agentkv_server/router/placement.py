@@ -20,8 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-import aiohttp
-
+from agentkv_server.router.http_client import HTTPClient, HTTPConnectError, HTTPError, Timeout
 from agentkv_server.router.turn import STUCK, ErrorKind
 
 __all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
@@ -144,7 +143,7 @@ class HealthMonitor:
     def __init__(
         self,
         pools: Iterable[EnginePool],
-        http: aiohttp.ClientSession,
+        http: HTTPClient,
         *,
         interval_s: float,
         timeout_s: float,
@@ -154,7 +153,7 @@ class HealthMonitor:
         self._http = http
         self._interval_s = interval_s
         self._failures_to_down = failures_to_down
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout = Timeout(total=timeout_s)
         self._task: asyncio.Task[None] | None = None
 
     async def check_all(self) -> None:
@@ -187,22 +186,19 @@ class HealthMonitor:
             await self.check_all()
 
 
-async def probe_health(
-    http: aiohttp.ClientSession, engine: Engine, timeout: aiohttp.ClientTimeout
-) -> ErrorKind | None:
+async def probe_health(http: HTTPClient, engine: Engine, timeout: Timeout) -> ErrorKind | None:
     """One ``GET /health``: None when healthy, else what went wrong.
 
     A refused connection (``connect``) marks the engine lost at once.
     """
     try:
-        async with http.get(f"{engine.url}/health", timeout=timeout) as response:
-            status = response.status
-    except aiohttp.ClientConnectorError:
+        answer = await http.fetch(f"{engine.url}/health", timeout)
+    except HTTPConnectError:
         engine.mark_lost()
         return "connect"
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (HTTPError, asyncio.TimeoutError):
         return "timeout"
-    if status != 200:
+    if answer.status != 200:
         return "status"
     engine.mark_answered()
     return None

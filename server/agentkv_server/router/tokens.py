@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
+from agentkv_server.router.http_client import HTTPClient, Timeout
 from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.upstream import post_json
@@ -38,11 +37,11 @@ def tokenize_body(request: ClientRequest) -> dict[str, Any]:
 
 
 async def count_prompt_tokens(
-    http: aiohttp.ClientSession,
+    http: HTTPClient,
     engine: Engine,
     request: ClientRequest,
     headers: Mapping[str, str],
-    timeout: aiohttp.ClientTimeout,
+    timeout: Timeout,
 ) -> int | None:
     """The prompt's token count as ``engine`` tokenizes it; None if it gives none.
 

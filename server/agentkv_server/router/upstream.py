@@ -1,8 +1,7 @@
-"""Calls to engines over the app's one shared aiohttp session.
+"""Turn steps' calls to engines, over the app's one :class:`HTTPClient`.
 
-aiohttp, not httpx, on the hot path: httpx's client collapsed under concurrency in our
-measurements (docs/router.md, "Upstream calls"). Every failure becomes an :class:`EngineFailure` with a kind the metrics count and
-the orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
+Every failure becomes an :class:`EngineFailure` with a kind the metrics count and the
+orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
 """
 
 from __future__ import annotations
@@ -12,9 +11,14 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
-
 from agentkv_server.router import codec
+from agentkv_server.router.http_client import (
+    HTTPClient,
+    HTTPConnectionError,
+    HTTPProtocolError,
+    HTTPResponse,
+    Timeout,
+)
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.turn import STUCK, UNREACHABLE, ErrorKind
 
@@ -59,26 +63,26 @@ class EngineFailure(Exception):
 
 
 async def post_json(
-    http: aiohttp.ClientSession,
+    http: HTTPClient,
     engine: Engine,
     path: str,
     body: Mapping[str, Any],
     headers: Mapping[str, str],
-    timeout: aiohttp.ClientTimeout,
+    timeout: Timeout,
 ) -> dict[str, Any]:
     """POST ``body`` and return the engine's JSON object answer."""
     try:
-        async with http.post(
-            engine.url + path, json=body, headers=headers, timeout=timeout
-        ) as response:
-            raw = await response.read()
-            _raise_for_status(engine, response, raw)
-    except asyncio.TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
+        answer = await http.fetch(
+            engine.url + path, timeout, json=codec.dumps(body), headers=headers
+        )
+    except asyncio.TimeoutError as exc:  # before OSError: a TimeoutError is one
         raise EngineFailure(engine, "timeout", _describe(exc)) from exc
-    except aiohttp.ClientConnectionError as exc:
+    except HTTPConnectionError as exc:
         raise EngineFailure(engine, "connect", _describe(exc)) from exc
-    except aiohttp.ClientError as exc:
+    except HTTPProtocolError as exc:
         raise EngineFailure(engine, "protocol", str(exc)) from exc
+    raw = answer.body
+    _raise_for_status(engine, answer.status, answer.headers, raw)
     try:
         answer = codec.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -95,7 +99,7 @@ class DecodeStream:
     decode that fails early on another engine: nothing has been sent yet.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, first: bytes, idle_s: float) -> None:
+    def __init__(self, response: HTTPResponse, first: bytes, idle_s: float) -> None:
         self._response = response
         self._first = first
         self._idle_s = idle_s
@@ -104,7 +108,7 @@ class DecodeStream:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The chunks; asyncio.TimeoutError when none comes for ``idle_s`` (a stuck engine)."""
         yield self._first
-        while chunk := await asyncio.wait_for(self._response.content.readany(), self._idle_s):
+        while chunk := await self._response.readany(self._idle_s):
             yield chunk
 
     def close(self) -> None:
@@ -112,25 +116,26 @@ class DecodeStream:
 
 
 async def open_stream(
-    http: aiohttp.ClientSession,
+    http: HTTPClient,
     engine: Engine,
     path: str,
     body: Mapping[str, Any],
     headers: Mapping[str, str],
     *,
-    timeout: aiohttp.ClientTimeout,
+    timeout: Timeout,
     first_chunk_s: float,
     idle_s: float,
 ) -> DecodeStream:
     """POST a streaming request and wait (at most ``first_chunk_s``) for its first chunk; later
     chunks may be at most ``idle_s`` apart."""
 
-    async def start() -> tuple[aiohttp.ClientResponse, bytes]:
-        response = await http.post(engine.url + path, json=body, headers=headers, timeout=timeout)
+    async def start() -> tuple[HTTPResponse, bytes]:
+        response = await http.post(engine.url + path, codec.dumps(body), headers, timeout)
         try:
             if response.status != 200:
-                _raise_for_status(engine, response, await response.read())
-            return response, await response.content.readany()
+                raw = await response.read()
+                _raise_for_status(engine, response.status, response.headers, raw)
+            return response, await response.readany()
         except BaseException:
             response.release()
             raise
@@ -140,9 +145,9 @@ async def open_stream(
     except asyncio.TimeoutError as exc:
         detail = str(exc) or f"no first chunk within {first_chunk_s}s"
         raise EngineFailure(engine, "timeout", detail) from exc
-    except aiohttp.ClientConnectionError as exc:
+    except HTTPConnectionError as exc:
         raise EngineFailure(engine, "connect", _describe(exc)) from exc
-    except aiohttp.ClientError as exc:
+    except HTTPProtocolError as exc:
         raise EngineFailure(engine, "protocol", str(exc)) from exc
     if not first:
         response.release()
@@ -150,16 +155,16 @@ async def open_stream(
     return DecodeStream(response, first, idle_s)
 
 
-def _raise_for_status(engine: Engine, response: aiohttp.ClientResponse, raw: bytes) -> None:
-    if response.status == 200:
+def _raise_for_status(engine: Engine, status: int, headers: Mapping[str, str], raw: bytes) -> None:
+    if status == 200:
         return
     raise EngineFailure(
         engine,
         "status",
-        f"HTTP {response.status}: {raw[:200]!r}",
-        status=response.status,
+        f"HTTP {status}: {raw[:200]!r}",
+        status=status,
         body=raw,
-        content_type=response.headers.get("content-type", "application/json"),
+        content_type=headers.get("content-type", "application/json"),
     )
 
 

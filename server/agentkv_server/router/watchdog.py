@@ -22,8 +22,7 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import aiohttp
-
+from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.placement import Engine, probe_health
 from agentkv_server.router.turn import ErrorKind
 from agentkv_server.router.upstream import EngineFailure
@@ -40,13 +39,11 @@ PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 class Watchdog:
     """Liveness before a pull, progress while a step runs."""
 
-    def __init__(
-        self, http: aiohttp.ClientSession, settings: FaultSettings, probe_timeout_s: float
-    ) -> None:
+    def __init__(self, http: HTTPClient, settings: FaultSettings, probe_timeout_s: float) -> None:
         self._http = http
         self._settings = settings
-        self._liveness_timeout = aiohttp.ClientTimeout(total=settings.liveness_timeout_s)
-        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        self._liveness_timeout = Timeout(total=settings.liveness_timeout_s)
+        self._probe_timeout = Timeout(total=probe_timeout_s)
         # One progress read per engine serves every step watched on it at the time.
         self._reads: dict[Engine, tuple[float, asyncio.Future[float | None]]] = {}
 
@@ -112,12 +109,10 @@ class Watchdog:
         the progress it can show.
         """
         try:
-            async with self._http.get(
-                f"{engine.url}/metrics", timeout=self._probe_timeout
-            ) as response:
-                text = await response.text() if response.status == 200 else ""
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            answer = await self._http.fetch(f"{engine.url}/metrics", self._probe_timeout)
+        except (HTTPError, asyncio.TimeoutError):
             return None
+        text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
         total = _sum_counters(text)
         return time.monotonic() if total is None else total
 
