@@ -13,8 +13,9 @@ request when the last one is answered) for ``--duration`` seconds per row, after
 - ``agentkv P/D``: ``agentkv router`` with the two stubs, no session id;
 - ``agentkv P/D + session``: the same with an ``x-session-id`` per connection (each turn takes the
   session's holding, issues a ticket, records the new holding, releases the old one);
-- ``agentkv P/D + session, 2 replicas``: two ``agentkv router`` processes sharing a Redis store
-  (``--replicas 2``; needs redis-server), each driven by its own wrk with half the connections.
+- ``agentkv P/D + session, Redis, 1 replica`` and ``..., 2 replicas``: one, then two ``agentkv
+  router`` processes on a Redis store (``--replicas 2``; needs redis-server), each driven by
+  its own wrk with its share of the connections.
 
 Each at concurrency 1 and 32, non-streamed and streamed. The table has req/s, p50 and p99 (wrk's
 latency: request written to response complete), the p50 added over the direct stub step, and the
@@ -79,8 +80,9 @@ DIRECT_PARAMS = wire.decode_params(
 )
 
 # wrk's script: POST the body given as the first script argument; with a second argument N > 0
-# every request carries the session header named by the third, "bench-<thread>-<i>", i cycling
-# over N ids (one per connection at closed-loop concurrency N): a session's turns follow each other.
+# every request carries the session header named by the third, "bench-<run>-<thread>-<i>" (run:
+# the fourth argument, one per wrk process), i cycling over N ids (one per connection at
+# closed-loop concurrency N): a session's turns mostly follow each other.
 # done() prints one JSON line the script reads.
 WRK_SCRIPT = r"""
 local threads = {}
@@ -92,13 +94,14 @@ function init(args)
   body = args[1]
   sessions = tonumber(args[2] or "0")
   session_header = args[3]
+  run = args[4] or "0"
   counter = 0
 end
 function request()
   local headers = {["Content-Type"] = "application/json"}
   if sessions > 0 then
     counter = counter + 1
-    headers[session_header] = "bench-" .. tid .. "-" .. (counter % sessions)
+    headers[session_header] = "bench-" .. run .. "-" .. tid .. "-" .. (counter % sessions)
   end
   return wrk.format("POST", nil, headers, body)
 end
@@ -214,11 +217,17 @@ def request_body(stream: bool, direct: bool) -> str:
 
 
 def run_wrk(
-    args: argparse.Namespace, url: str, body: str, connections: int, sessions: int, seconds: float
+    args: argparse.Namespace,
+    url: str,
+    body: str,
+    connections: int,
+    sessions: int,
+    seconds: float,
+    run: int = 0,
 ) -> subprocess.Popen[str]:
     argv = [args.wrk, "-t1", f"-c{connections}", f"-d{max(round(seconds), 1)}s", "--timeout", "5s"]
     argv += ["-s", str(args.wrk_script), url + PATH, "--", body, str(sessions)]
-    argv.append(protocol.HEADER_SESSION_ID)
+    argv += [protocol.HEADER_SESSION_ID, str(run)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -234,12 +243,18 @@ def measure(args: argparse.Namespace, target: Target, stream: bool, concurrency:
     body = request_body(stream, direct=not target.pids)
     per = max(concurrency // len(target.urls), 1)
     sessions = per if target.sessions else 0
-    warm = [run_wrk(args, url, body, per, sessions, args.warmup) for url in target.urls]
+    warm = [
+        run_wrk(args, url, body, per, sessions, args.warmup, run)
+        for run, url in enumerate(target.urls)
+    ]
     for proc in warm:
         wrk_result(proc)
     cpu_before, paths_before = cpu_seconds(target.pids), turn_paths(target)
     stub_before = cpu_seconds([target.stub_pid])
-    procs = [run_wrk(args, url, body, per, sessions, args.duration) for url in target.urls]
+    procs = [
+        run_wrk(args, url, body, per, sessions, args.duration, run)
+        for run, url in enumerate(target.urls)
+    ]
     results = [wrk_result(proc) for proc in procs]
     cpu = cpu_seconds(target.pids) - cpu_before
     stub_cpu = cpu_seconds([target.stub_pid]) - stub_before
@@ -374,10 +389,13 @@ def run(args: argparse.Namespace) -> list[Row]:
                 with contextlib.ExitStack() as stack:
                     measure_all(agentkv(stack, name, sessions, None, 1, source))
     if "replicas" in args.only and args.replicas > 1:
-        with contextlib.ExitStack() as stack:
-            redis = stack.enter_context(RedisServer())
-            name = f"agentkv P/D + session, {args.replicas} replicas"
-            measure_all(agentkv(stack, name, True, redis.url, args.replicas))
+        # One process on the same Redis first: what the shared store costs, apart from what
+        # more processes add.
+        for count in (1, args.replicas):
+            with contextlib.ExitStack() as stack:
+                redis = stack.enter_context(RedisServer())
+                name = f"agentkv P/D + session, Redis, {count} replica{'s' if count > 1 else ''}"
+                measure_all(agentkv(stack, name, True, redis.url, count))
     print(f"logs: {logs}")
     return rows
 

@@ -85,8 +85,8 @@ async def test_tickets_pop_once(store: RedisStore):
 
 
 @contextlib.asynccontextmanager
-async def two_replicas(redis_url: str):
-    """Routers A and B over the same engines and the same Redis."""
+async def two_replicas(redis_url: str, **settings):
+    """Routers A and B over the same engines and the same Redis; the engines report to A."""
     # Stub prefill costs 100 us/token and pulls are free: pulling 500 tokens pays (see
     # tests/unit/router/conftest.py for the same calibration).
     cluster = StubCluster(prefill_s_per_token=1e-4)
@@ -95,6 +95,7 @@ async def two_replicas(redis_url: str):
         "redis_url": redis_url,
         "cost": {"pull_overhead_s": 0.005},
         "local": {"enabled": False},
+        **settings,
     }
     try:
         async with (
@@ -114,6 +115,24 @@ async def test_turn_through_one_replica_reuses_a_holding_made_through_another(re
 
     assert first.headers["x-agentkv-kv-path"] == "recompute"
     assert second.headers["x-agentkv-kv-path"] == "reuse"  # its holding: via A's report
+    assert third.headers["x-agentkv-kv-path"] == "reuse"
+
+
+async def test_a_stream_through_one_replica_ends_when_the_other_records_its_holding(
+    redis_url: str,
+):
+    """B's stream holds back its last event until the turn's holding is recorded, but the
+    engine reports to A: A announces the ticket through Redis, so B goes on at once instead of
+    waiting out its report timeout (30 s here), and the next turn finds the holding."""
+    async with two_replicas(redis_url, timeouts={"report_s": 30.0}) as (a, b):
+        await a.chat(conversation(1, 500), session="s1")
+        started = time.monotonic()
+        second = await b.chat(conversation(2, 500), session="s1", stream=True)
+        waited = time.monotonic() - started
+        third = await b.chat(conversation(3, 500), session="s1")
+
+    assert second.text.rstrip().endswith("data: [DONE]")
+    assert waited < 10.0
     assert third.headers["x-agentkv-kv-path"] == "reuse"
 
 

@@ -77,6 +77,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = _start(settings, store, policy or make_policy(settings))
         state.health.start()
+        state.keeper.start()
         app.state.router = state
         try:
             yield
@@ -189,7 +190,9 @@ async def _report_holding(request: Request) -> Response:
             "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
             code="invalid_report",
         )
-    await state.keeper.record(report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS])
+    await state.keeper.record(
+        report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS], reported=True
+    )
     return Response(status_code=204)
 
 

@@ -12,6 +12,7 @@ run in the background: they never delay a client's turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -58,6 +59,7 @@ class HoldingKeeper:
         # Request ids to release, by (decode engine, model), and the task that will send them.
         self._pending: dict[tuple[str, str], list[str]] = {}
         self._flush: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def keeps_holdings(self) -> bool:
@@ -104,18 +106,28 @@ class HoldingKeeper:
             self._unrecorded.pop(ticket_id, None)
         return True
 
-    async def record(self, ticket_id: str, params: Mapping[str, Any]) -> Holding | None:
+    async def record(
+        self, ticket_id: str, params: Mapping[str, Any], *, reported: bool = False
+    ) -> Holding | None:
         """Turn a decode engine's returned params into the session's holding.
 
-        Called from the response body and from the engine's report; the first pops the ticket,
-        the second finds none and does nothing.
+        Called from the response body and from the engine's report (``reported``); the first
+        pops the ticket, the second finds none and does nothing. The stream waiting on the
+        ticket goes on once the holding is in the store, so the client's next turn finds it;
+        a report that reached a router other than the stream's is announced to it.
         """
-        recorded = self._unrecorded.pop(ticket_id, None)
-        if recorded is not None:
-            recorded.set()
-        ticket = await self._store.pop_ticket(ticket_id)
-        if ticket is None:
-            return None
+        awaited = self._unrecorded.pop(ticket_id, None)
+        try:
+            ticket = await self._store.pop_ticket(ticket_id)
+            holding = None if ticket is None else await self._record(ticket, params)
+        finally:
+            if awaited is not None:
+                awaited.set()
+        if ticket is not None and awaited is None and reported:
+            await self._store.announce_recorded(ticket_id)
+        return holding
+
+    async def _record(self, ticket: Ticket, params: Mapping[str, Any]) -> Holding | None:
         holding = holding_from_params(
             ticket, params, now=time.time(), safety_margin_s=self._safety_margin_s
         )
@@ -124,6 +136,16 @@ class HoldingKeeper:
         losers = await self._store.offer(holding)
         self.release_soon(losers)
         return None if holding in losers else holding
+
+    def start(self) -> None:
+        """Hear of holdings that other routers sharing the store recorded for this one."""
+        self._watch = asyncio.create_task(
+            self._store.watch_recorded(self._recorded_elsewhere), name="agentkv-recorded"
+        )
+
+    def _recorded_elsewhere(self, ticket_id: str) -> None:
+        if (awaited := self._unrecorded.pop(ticket_id, None)) is not None:
+            awaited.set()
 
     async def void(self, ticket_id: str) -> None:
         """Forget a ticket whose decode step broke: a late report of it records nothing."""
@@ -187,6 +209,11 @@ class HoldingKeeper:
         return answer.status == 200
 
     async def drain(self) -> None:
-        """Wait for background releases (at shutdown)."""
+        """Stop watching, and wait for background releases (at shutdown)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         while self._background:  # a batch's flush starts the batch's requests
             await asyncio.gather(*self._background, return_exceptions=True)

@@ -7,6 +7,8 @@ Keys (all under the configured prefix):
   ``e:<session>``  wall time the session was ended (tombstone for turns still in flight)
   ``index``        sorted set session -> expiry, bounding the index: past ``max_sessions`` the
                    holdings closest to expiry are evicted first
+  ``recorded``     pub/sub channel: the ticket of each holding a router recorded from a decode
+                   engine's report, for the router whose stream waits on it
 
 ``take`` is GETDEL (atomic: two concurrent turns never both get a holding); ``offer`` is one
 Lua script (compare issue times, honour the tombstone, bound the index). Needs Redis >= 6.2
@@ -16,6 +18,7 @@ and a single-node deployment or one hash slot (the script builds eviction keys i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 
@@ -124,6 +127,23 @@ class RedisStore:
     async def pop_ticket(self, ticket_id: str) -> Ticket | None:
         raw = await self._redis.getdel(f"{self._prefix}t:{ticket_id}")
         return None if raw is None else Ticket.from_json(raw)
+
+    async def announce_recorded(self, ticket_id: str) -> None:
+        await self._redis.publish(self._recorded_channel, ticket_id)
+
+    async def watch_recorded(self, on_recorded: Callable[[str], None]) -> None:
+        # Its own connection, read without the client's reply timeout: it waits for messages.
+        async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(self._recorded_channel)
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None and message["type"] == "message":
+                    data = message["data"]
+                    on_recorded(data.decode() if isinstance(data, bytes) else str(data))
+
+    @property
+    def _recorded_channel(self) -> str:
+        return f"{self._prefix}recorded"
 
     async def count(self) -> int:
         async with self._redis.pipeline(transaction=True) as pipe:

@@ -85,6 +85,23 @@ class ResilientStore:
     async def pop_ticket(self, ticket_id: str) -> Ticket | None:
         return await self._call("pop_ticket", lambda: self.inner.pop_ticket(ticket_id), None)
 
+    async def announce_recorded(self, ticket_id: str) -> None:
+        await self._call("announce", lambda: self.inner.announce_recorded(ticket_id), None)
+
+    async def watch_recorded(self, on_recorded: Callable[[str], None]) -> None:
+        """The inner store's watch, started again ``retry_after_s`` after each failure."""
+        while True:
+            try:
+                await self.inner.watch_recorded(on_recorded)
+                return
+            except _FAILURES as exc:
+                logger.debug(
+                    "watching recorded tickets failed (%r): again in %.0f s",
+                    exc,
+                    self._retry_after_s,
+                )
+            await asyncio.sleep(self._retry_after_s)
+
     async def count(self) -> int:
         return await self._call("count", self.inner.count, 0)
 

@@ -140,6 +140,13 @@ class SessionStore(Protocol):
 
     async def pop_ticket(self, ticket_id: str) -> Ticket | None: ...
 
+    async def announce_recorded(self, ticket_id: str) -> None:
+        """Tell the other routers sharing this store that the ticket's holding is recorded."""
+
+    async def watch_recorded(self, on_recorded: Callable[[str], None]) -> None:
+        """Call ``on_recorded`` with each ticket another router announces, until cancelled;
+        returns at once when no other router can share the store."""
+
     async def count(self) -> int:
         """Unexpired holdings."""
 
@@ -220,6 +227,12 @@ class InMemoryStore:
 
     async def pop_ticket(self, ticket_id: str) -> Ticket | None:
         return self._tickets.pop(ticket_id)
+
+    async def announce_recorded(self, ticket_id: str) -> None:
+        return None  # one process: no other router to tell
+
+    async def watch_recorded(self, on_recorded: Callable[[str], None]) -> None:
+        return None
 
     async def count(self) -> int:
         return self._holdings.live_count()
