@@ -26,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from agentkv_server import wire
 from agentkv_server.router.codec import JSONBytesResponse
@@ -48,6 +48,7 @@ from agentkv_server.router.resume import (
     resumable,
     tracked_body,
 )
+from agentkv_server.router.streaming import RelayResponse
 from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.turn import KVPath, Turn
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
@@ -383,7 +384,7 @@ class Orchestrator:
         elif turn.prefill_params is not None:  # D read P's blocks: what pull and recompute add
             self._policy.observe_handoff(turn.phases["decode"])
         self._record_turn(turn)
-        return StreamingResponse(
+        return RelayResponse(
             self._relay(turn, _Relayed(stream, engine, ticket), editor),
             media_type=stream.content_type,
             headers=turn.headers(),
@@ -412,7 +413,7 @@ class Orchestrator:
 
     async def _relay(
         self, turn: Turn, relayed: _Relayed, editor: StreamEditor
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Pass the stream on; one that breaks is continued elsewhere when it can be."""
         resumes = 0
         try:

@@ -1,0 +1,69 @@
+"""Streamed answers through a real uvicorn server on loopback: a client that leaves mid-stream
+ends the engine's request at once (vLLM aborts a request whose connection closes), not when
+the router's idle timeout would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import uvicorn
+
+from agentkv_server.testing import StubCluster, conversation, in_process_router
+
+
+async def _serve(app) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> None:
+    cluster = StubCluster()
+    try:
+        # The engine sends two chunks, then nothing: only the client's leaving can end it here
+        # (the router's own idle limit is a minute away).
+        async with in_process_router(cluster, faults={"stall_s": 60.0}) as router:
+            decode = router.state.decode.engines[0]
+            router.decode[0].stall_after_chunks = 2
+            server, serving, url = await _serve(router.app)
+            body = {"model": "m", "messages": conversation(1, 50), "stream": True}
+            try:
+                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                        assert answer.status_code == 200
+                        first = await anext(answer.aiter_raw())
+                        assert first.startswith(b"data: ")
+                        assert decode.inflight == 1
+                left = time.monotonic()
+                while decode.inflight and time.monotonic() - left < 5.0:
+                    await asyncio.sleep(0.01)
+                assert decode.inflight == 0
+            finally:
+                server.should_exit = True
+                await serving
+    finally:
+        await cluster.close()
+
+
+async def test_a_stream_that_ends_leaves_nothing_in_flight() -> None:
+    cluster = StubCluster()
+    try:
+        async with in_process_router(cluster) as router:
+            server, serving, url = await _serve(router.app)
+            body = {"model": "m", "messages": conversation(1, 50), "stream": True}
+            try:
+                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                    answer = await client.post("/v1/chat/completions", json=body)
+            finally:
+                server.should_exit = True
+                await serving
+            assert answer.text.rstrip().endswith("data: [DONE]")
+            assert router.state.decode.engines[0].inflight == 0
+    finally:
+        await cluster.close()
