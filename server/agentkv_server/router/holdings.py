@@ -29,9 +29,9 @@ __all__ = ["HoldingKeeper"]
 
 logger = logging.getLogger(__name__)
 
-# Tickets whose report nobody awaited (their turn failed, or answered in JSON) are dropped
-# oldest first beyond this many.
-_MAX_AWAITED_TICKETS = 4096
+# Tickets kept in this process whose holding never came (their turn failed) are dropped oldest
+# first beyond this many.
+_MAX_TICKETS = 4096
 # Releases within this long of each other go to their engine as one request.
 _RELEASE_BATCH_S = 0.005
 
@@ -56,6 +56,10 @@ class HoldingKeeper:
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
         self._unrecorded: dict[str, asyncio.Event] = {}
+        # Tickets of non-streamed turns (their holding comes back in the answer, to this router);
+        # None once used, so that the answer and the engine's report of one turn never ask the
+        # store for a ticket it never had.
+        self._own_tickets: dict[str, Ticket | None] = {}
         # Request ids to release, by (decode engine, model), and the task that will send them.
         self._pending: dict[tuple[str, str], list[str]] = {}
         self._flush: asyncio.Task[None] | None = None
@@ -71,8 +75,15 @@ class HoldingKeeper:
         return await self._store.take(session_key)
 
     async def issue(
-        self, session_key: str, decode_url: str, model: str, retention_s: float
+        self, session_key: str, decode_url: str, model: str, retention_s: float, *, streamed: bool
     ) -> Ticket:
+        """A ticket for the holding a decode step is to keep.
+
+        A streamed turn's holding comes only in the engine's report, which may reach another
+        router: its ticket goes to the shared store. A non-streamed turn's comes back in the
+        answer, to this router: its ticket stays here, which saves two store round trips (Redis)
+        per turn.
+        """
         ticket = Ticket(
             ticket=uuid.uuid4().hex,
             session_key=session_key,
@@ -81,10 +92,11 @@ class HoldingKeeper:
             issued_at=time.time(),
             retention_s=retention_s,
         )
-        await self._store.add_ticket(ticket)
-        if len(self._unrecorded) >= _MAX_AWAITED_TICKETS:
-            del self._unrecorded[next(iter(self._unrecorded))]
-        self._unrecorded[ticket.ticket] = asyncio.Event()
+        if streamed:
+            await self._store.add_ticket(ticket)
+            _bounded_put(self._unrecorded, ticket.ticket, asyncio.Event())
+        else:
+            _bounded_put(self._own_tickets, ticket.ticket, ticket)
         return ticket
 
     async def wait_recorded(self, ticket_id: str, timeout: float) -> bool:
@@ -117,15 +129,22 @@ class HoldingKeeper:
         a report that reached a router other than the stream's is announced to it.
         """
         awaited = self._unrecorded.pop(ticket_id, None)
+        shared = ticket_id not in self._own_tickets
         try:
-            ticket = await self._store.pop_ticket(ticket_id)
+            ticket = await self._pop_ticket(ticket_id)
             holding = None if ticket is None else await self._record(ticket, params)
         finally:
             if awaited is not None:
                 awaited.set()
-        if ticket is not None and awaited is None and reported:
+        if shared and ticket is not None and awaited is None and reported:
             await self._store.announce_recorded(ticket_id)
         return holding
+
+    async def _pop_ticket(self, ticket_id: str) -> Ticket | None:
+        if ticket_id in self._own_tickets:
+            ticket, self._own_tickets[ticket_id] = self._own_tickets[ticket_id], None
+            return ticket
+        return await self._store.pop_ticket(ticket_id)
 
     async def _record(self, ticket: Ticket, params: Mapping[str, Any]) -> Holding | None:
         holding = holding_from_params(
@@ -150,7 +169,7 @@ class HoldingKeeper:
     async def void(self, ticket_id: str) -> None:
         """Forget a ticket whose decode step broke: a late report of it records nothing."""
         self._unrecorded.pop(ticket_id, None)
-        await self._store.pop_ticket(ticket_id)
+        await self._pop_ticket(ticket_id)
 
     async def end(self, session_key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
@@ -217,3 +236,9 @@ class HoldingKeeper:
             self._watch = None
         while self._background:  # a batch's flush starts the batch's requests
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _bounded_put(items: dict[str, Any], key: str, value: Any) -> None:
+    if len(items) >= _MAX_TICKETS:
+        del items[next(iter(items))]
+    items[key] = value

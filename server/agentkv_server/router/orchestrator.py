@@ -318,7 +318,9 @@ class Orchestrator:
         key = turn.request.session_key
         if key is None or retention_s <= 0:
             return None
-        ticket = await self._keeper.issue(key, engine.url, turn.request.model, retention_s)
+        ticket = await self._keeper.issue(
+            key, engine.url, turn.request.model, retention_s, streamed=turn.request.stream
+        )
         return ticket.ticket
 
     def _decode_body(

@@ -36,7 +36,9 @@ def answer(body: bytes, status: int = 200, *, close: bool = False) -> bytes:
 
 
 def chunked(*parts: bytes) -> bytes:
-    out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    out = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     for part in parts:
         out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
     return out + b"0\r\n\r\n"

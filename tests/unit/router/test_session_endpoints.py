@@ -45,7 +45,9 @@ async def test_session_ids_with_slashes_can_be_deleted(make_router):
 
 async def test_report_from_a_turn_still_running_at_delete_is_released(make_router):
     router = await make_router()
-    ticket = await router.state.keeper.issue("s1", router.decode[0].url, "stub-model", 60.0)
+    ticket = await router.state.keeper.issue(
+        "s1", router.decode[0].url, "stub-model", 60.0, streamed=True
+    )
     await router.chat(conversation(1, 300), session="s1")
     await router.client.delete("/v1/sessions/s1")
 

@@ -34,12 +34,14 @@ async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> 
             server, serving, url = await _serve(router.app)
             body = {"model": "m", "messages": conversation(1, 50), "stream": True}
             try:
-                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-                    async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
-                        assert answer.status_code == 200
-                        first = await anext(answer.aiter_raw())
-                        assert first.startswith(b"data: ")
-                        assert decode.inflight == 1
+                async with (
+                    httpx.AsyncClient(base_url=url, timeout=10) as client,
+                    client.stream("POST", "/v1/chat/completions", json=body) as answer,
+                ):
+                    assert answer.status_code == 200
+                    first = await anext(answer.aiter_raw())
+                    assert first.startswith(b"data: ")
+                    assert decode.inflight == 1
                 left = time.monotonic()
                 while decode.inflight and time.monotonic() - left < 5.0:
                     await asyncio.sleep(0.01)

@@ -294,7 +294,9 @@ async def test_router_recomputes_when_it_measured_that_prefill_is_cheap(make_rou
 
 async def test_session_end_refuses_the_holding_of_a_turn_still_in_flight(make_router):
     router = await make_router()
-    in_flight = await router.state.keeper.issue("s1", router.decode[0].url, "stub-model", 60.0)
+    in_flight = await router.state.keeper.issue(
+        "s1", router.decode[0].url, "stub-model", 60.0, streamed=True
+    )
     await router.chat(conversation(1, 50), session="s1", agentkv={"session_end": True})
 
     late = {"remote_request_id": "late", "remote_num_tokens": 60, "agentkv_expires_in_seconds": 60}
