@@ -187,7 +187,8 @@ async def _report_holding(request: Request) -> Response:
     ):
         raise RouterError(
             400,
-            "Report needs 'ticket' (string) and 'kv_transfer_params' (object).",
+            f"Report needs '{wire.REPORT_TICKET}' (string) and "
+            f"'{wire.KV_TRANSFER_PARAMS}' (object).",
             code="invalid_report",
         )
     await state.keeper.record(
