@@ -40,6 +40,8 @@ __all__ = [
 
 # Streamed answers: stop reading from the engine while this much is waiting for the client.
 _HIGH_WATER = 256 * 1024
+# A body smaller than this is copied behind the head and sent with it; a larger one follows it.
+_JOIN_BELOW = 64 * 1024
 # An idle connection is not reused after this long: uvicorn (vLLM's server) closes idle ones
 # after 5 s, and a request sent as it does would fail for nothing.
 _IDLE_S = 4.0
@@ -281,9 +283,10 @@ class _Connection(asyncio.Protocol):
         self.answered = False
         if total is not None:
             self._deadline = loop.call_later(total, self._time_out)
-        self._transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self._transport.write(body)
+        if len(body) < _JOIN_BELOW:  # one send: head and body in one segment
+            self._transport.write(head + body)
+        else:
+            self._transport.writelines((head, body))
         try:
             return await self._head
         except BaseException:

@@ -72,7 +72,7 @@ async def post_json(
 ) -> dict[str, Any]:
     """POST ``body`` and return the engine's JSON object answer."""
     try:
-        answer = await http.fetch(
+        reply = await http.fetch(
             engine.url + path, timeout, json=codec.dumps(body), headers=headers
         )
     except asyncio.TimeoutError as exc:  # before OSError: a TimeoutError is one
@@ -81,8 +81,8 @@ async def post_json(
         raise EngineFailure(engine, "connect", _describe(exc)) from exc
     except HTTPProtocolError as exc:
         raise EngineFailure(engine, "protocol", str(exc)) from exc
-    raw = answer.body
-    _raise_for_status(engine, answer.status, answer.headers, raw)
+    raw = reply.body
+    _raise_for_status(engine, reply.status, reply.headers, raw)
     try:
         answer = codec.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

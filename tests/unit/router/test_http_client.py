@@ -264,3 +264,14 @@ async def test_a_header_with_a_line_break_is_refused_before_sending(serve, clien
     with pytest.raises(ValueError, match="line break"):
         await client.fetch(server.url + "/", TIMEOUT, json=b"{}", headers={"x": "a\r\nb: c"})
     assert server.requests == []
+
+
+async def test_a_large_body_arrives_whole(serve, client) -> None:
+    server = await serve(replies(answer(b"{}")))
+    body = b'{"prompt": "' + b"x" * 200_000 + b'"}'
+
+    await client.fetch(server.url + "/v1/completions", TIMEOUT, json=body)
+
+    (request,) = server.requests
+    assert request.endswith(b"\r\n\r\n" + body)
+    assert f"Content-Length: {len(body)}".encode() in request
