@@ -15,7 +15,7 @@ from agentkv_server.router import codec
 from agentkv_server.router.http_client import (
     HTTPClient,
     HTTPConnectionError,
-    HTTPProtocolError,
+    HTTPError,
     HTTPResponse,
     Timeout,
 )
@@ -75,12 +75,8 @@ async def post_json(
         reply = await http.fetch(
             engine.url + path, timeout, json=codec.dumps(body), headers=headers
         )
-    except asyncio.TimeoutError as exc:  # before OSError: a TimeoutError is one
-        raise EngineFailure(engine, "timeout", _describe(exc)) from exc
-    except HTTPConnectionError as exc:
-        raise EngineFailure(engine, "connect", _describe(exc)) from exc
-    except HTTPProtocolError as exc:
-        raise EngineFailure(engine, "protocol", str(exc)) from exc
+    except (asyncio.TimeoutError, HTTPError) as exc:
+        raise _wire_failure(engine, exc) from exc
     raw = reply.body
     _raise_for_status(engine, reply.status, reply.headers, raw)
     try:
@@ -145,10 +141,8 @@ async def open_stream(
     except asyncio.TimeoutError as exc:
         detail = str(exc) or f"no first chunk within {first_chunk_s}s"
         raise EngineFailure(engine, "timeout", detail) from exc
-    except HTTPConnectionError as exc:
-        raise EngineFailure(engine, "connect", _describe(exc)) from exc
-    except HTTPProtocolError as exc:
-        raise EngineFailure(engine, "protocol", str(exc)) from exc
+    except HTTPError as exc:
+        raise _wire_failure(engine, exc) from exc
     if not first:
         response.release()
         raise EngineFailure(engine, "stream", "stream ended before its first chunk")
@@ -166,6 +160,16 @@ def _raise_for_status(engine: Engine, status: int, headers: Mapping[str, str], r
         body=raw,
         content_type=headers.get("content-type", "application/json"),
     )
+
+
+def _wire_failure(engine: Engine, exc: BaseException) -> EngineFailure:
+    """What a call that failed on the wire means: no answer in time, no (more) connection, or
+    an answer that is not HTTP."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return EngineFailure(engine, "timeout", _describe(exc))
+    if isinstance(exc, HTTPConnectionError):
+        return EngineFailure(engine, "connect", _describe(exc))
+    return EngineFailure(engine, "protocol", str(exc))
 
 
 def _describe(exc: BaseException) -> str:
