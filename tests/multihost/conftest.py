@@ -153,7 +153,7 @@ def router_process(host: Host, redis_url: str, engines: dict[str, EngineSpec], l
 
 def engine_specs(network: Network, logs: Path, model: Path, served_name: str, secret: str,
                  report_to: str) -> dict[str, EngineSpec]:  # fmt: skip
-    cores = core_layout(len(ENGINES), tuple(sorted(os.sched_getaffinity(0))))
+    cores = core_layout([role for _, role in ENGINES], tuple(sorted(os.sched_getaffinity(0))))
     env = {
         ROUTER_URL_ENV: report_to,
         SECRET_ENV: secret,

@@ -95,7 +95,8 @@ class StackConfig:
             return None
         return (
             f"{engines} engines share {cores} CPU cores: an engine computing a turn slows the "
-            "engines on its core (idle engines use almost no CPU; docs/faults.md)"
+            "engines on its core; prefill and decode engines never share one (idle engines use "
+            "almost no CPU; docs/faults.md)"
         )
 
 
@@ -201,7 +202,7 @@ class Stack:
         roles: list[Role] = ["prefill"] * config.prefill + ["decode"] * config.decode
         ports = self._free_ports(2 * len(roles))
         cores = (
-            core_layout(len(roles), config.available_cores)
+            core_layout(roles, config.available_cores)
             if config.device == "cpu"
             else [None] * len(roles)
         )
@@ -279,14 +280,34 @@ def _api_keys_env(keys: Sequence[str]) -> dict[str, str]:
     return {API_KEYS_ENV: ",".join(keys)} if keys else {}
 
 
-def core_layout(engines: int, cores: Sequence[int]) -> list[str]:
-    """``VLLM_CPU_OMP_THREADS_BIND`` per engine: disjoint contiguous runs of ``cores`` while
-    there are enough of them, one core each round-robin when there are not.
+def core_layout(roles: Sequence[Role], cores: Sequence[int]) -> list[str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` per engine, in the order of ``roles``.
 
-    Engines that share a core measure each other's contention, not compute (docs/engines.md).
+    With a core or more per engine: disjoint contiguous runs of ``cores``. With fewer, engines
+    share cores, but never a prefill engine with a decode engine: the two roles get disjoint
+    sets (prefill first, in proportion to its engines, at least one core each) and engines of
+    one role take their set's cores round-robin. A KV read completes only while the engine that
+    holds the blocks makes NIXL progress, and a reader waiting on its holder busy-polls: on the
+    holder's core it starved the holder and stalled every read between the two for seconds
+    (docs/faults.md, "Pulls that stall"). Engines of one role never read from each other.
     """
     if not cores:
         raise ConfigError("no CPU cores to place engines on")
+    prefill = sum(role == "prefill" for role in roles)
+    decode = len(roles) - prefill
+    if len(roles) <= len(cores) or not prefill or not decode or len(cores) < 2:
+        return _spread(len(roles), cores)
+    split = min(max(round(len(cores) * prefill / len(roles)), 1), len(cores) - 1)
+    by_role = {
+        "prefill": iter(_spread(prefill, cores[:split])),
+        "decode": iter(_spread(decode, cores[split:])),
+    }
+    return [next(by_role[role]) for role in roles]
+
+
+def _spread(engines: int, cores: Sequence[int]) -> list[str]:
+    """Each engine its own contiguous run of ``cores`` if there are enough, else one core each
+    in turn."""
     if engines <= len(cores):
         size = len(cores) // engines
         return [_span(cores[i * size : (i + 1) * size]) for i in range(engines)]

@@ -10,31 +10,52 @@ from pathlib import Path
 
 import pytest
 
-from agentkv_server.bundle.launcher import EngineSpec
+from agentkv_server.bundle.launcher import EngineSpec, Role
 from agentkv_server.bundle.model import tool_call_logit_bias
 from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig, core_layout
 from agentkv_server.errors import ConfigError
 
+P, D = "prefill", "decode"
+
 
 @pytest.mark.parametrize(
-    ("engines", "cores", "layout"),
+    ("roles", "cores", "layout"),
     [
-        (2, [0, 1], ["0", "1"]),
-        (2, [0, 1, 2, 3], ["0-1", "2-3"]),
-        (3, [0, 1, 2, 3, 4, 5, 6], ["0-1", "2-3", "4-5"]),
-        (2, [0, 2, 4, 6], ["0,2", "4,6"]),
-        (3, [0, 1], ["0", "1", "0"]),
-        (1, [5], ["5"]),
+        ([P, D], [0, 1], ["0", "1"]),
+        ([P, D], [0, 1, 2, 3], ["0-1", "2-3"]),
+        ([P, D, D], [0, 1, 2, 3, 4, 5, 6], ["0-1", "2-3", "4-5"]),
+        ([P, D], [0, 2, 4, 6], ["0,2", "4,6"]),
+        ([D], [5], ["5"]),
+        ([D, D, D], [0, 1], ["0", "1", "0"]),
+        ([P, D], [3], ["3", "3"]),
     ],
 )
-def test_core_layout(engines: int, cores: list[int], layout: list[str]) -> None:
-    assert core_layout(engines, cores) == layout
+def test_core_layout(roles: list[Role], cores: list[int], layout: list[str]) -> None:
+    assert core_layout(roles, cores) == layout
+
+
+@pytest.mark.parametrize(
+    ("roles", "cores", "layout"),
+    [
+        ([P, D, D], [0, 1], ["0", "1", "1"]),  # agentkv serve --decode-engines 2 on 2 cores
+        ([P, P, D, D], [0, 1], ["0", "0", "1", "1"]),
+        ([P, D, D, D, D], [0, 1, 2, 3], ["0", "1", "2", "3", "1"]),
+        ([P, P, P, D], [0, 1, 2], ["0", "1", "0", "2"]),
+    ],
+)
+def test_prefill_and_decode_engines_never_share_a_core(
+    roles: list[Role], cores: list[int], layout: list[str]
+) -> None:
+    """A KV read stalls while its reader busy-polls on the holder's core (docs/faults.md)."""
+    assert core_layout(roles, cores) == layout
+    prefill = {layout[i] for i, role in enumerate(roles) if role == P}
+    assert prefill.isdisjoint(layout[i] for i, role in enumerate(roles) if role == D)
 
 
 def test_core_layout_needs_a_core() -> None:
     with pytest.raises(ConfigError):
-        core_layout(2, [])
+        core_layout([P, D], [])
 
 
 def test_a_stack_needs_a_decode_engine() -> None:
