@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from agentkv import protocol
@@ -274,7 +275,9 @@ async def test_prefill_engine_killed_mid_request(
 
     assert tally.all_good(3)
     assert tally.paths[:2] == ["recompute", "fallback"]
-    assert 'agentkv_engine_errors_total{kind="connect",role="prefill"}' in metrics
+    # The kill drops the connection P had accepted: a disconnect (P suspect; the health probes
+    # that P then refuses mark it lost).
+    assert 'agentkv_engine_errors_total{kind="disconnect",role="prefill"}' in metrics
     assert tally.seconds[2] <= fault_cost_bound(tally)
     assert_serving(stack.prefill[0], stack.decode[0], second_decode)
 
@@ -377,8 +380,9 @@ async def pull_from_dead_holder(
         tally.correct += 1
 
 
-STREAMED = 160  # greedy tokens: long enough that the kill lands mid-stream
+STREAMED = 160  # greedy tokens: the stream is frozen after its first, far from its last
 GENERATED = "vllm:generation_tokens_total"
+SETTLE_S = 0.5  # the frozen engine's API server still counts outputs already on their way
 
 
 @dataclass
@@ -391,12 +395,37 @@ class KilledStream:
     metrics: str
 
 
+def freeze_engine_core(engine: EngineProcess) -> list[psutil.Process]:
+    """SIGSTOP the engine's core and worker processes; its API server keeps answering."""
+    assert engine.pid is not None
+    frozen = psutil.Process(engine.pid).children(recursive=True)
+    for process in frozen:
+        process.send_signal(signal.SIGSTOP)
+    return frozen
+
+
+async def settled_metric(client: EngineClient, name: str) -> float:
+    """The counter once two reads ``SETTLE_S`` apart agree."""
+    value = await asyncio.to_thread(client.metric, name)
+    while True:
+        await asyncio.sleep(SETTLE_S)
+        again = await asyncio.to_thread(client.metric, name)
+        if again == value:
+            return value
+        value = again
+
+
 async def stream_with_its_decode_engine_killed(
     stack: Stack, tally: Tally, doomed_decode: EngineProcess, route: str, body: dict[str, Any]
 ) -> KilledStream:
-    """Send ``body`` streamed to ``route`` through a 1P2D router whose first pick (an idle
-    pool's first engine) is ``doomed_decode``; SIGKILL that engine once it has generated 10
-    tokens, and read the whole stream."""
+    """Send ``body`` streamed to ``route`` through a 1P2D router in front of ``doomed_decode``
+    and another decode engine; SIGKILL ``doomed_decode`` mid-answer and read the whole stream.
+
+    Nothing but this stream runs on ``doomed_decode`` (its own engine, this router's only
+    traffic), so its generated-token counter rising proves the stream runs there. The engine's
+    core is then frozen and its counter read once settled: fewer tokens than the answer's
+    ``max_tokens`` proves the kill lands mid-stream, whatever the machine's speed.
+    """
     settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
     doomed = EngineClient(doomed_decode.url, body["model"])
     async with serve(settings) as (_, client):
@@ -404,9 +433,12 @@ async def stream_with_its_decode_engine_killed(
         tally.sent += 1
         began = time.monotonic()
         streamed = asyncio.create_task(client.post(route, json=body))
-        while await asyncio.to_thread(doomed.metric, GENERATED) < generated_before + 10:
-            assert not streamed.done(), "the stream ended before the kill"
-            await asyncio.sleep(0.05)
+        while await asyncio.to_thread(doomed.metric, GENERATED) <= generated_before:
+            assert not streamed.done(), "the stream ended before it ran on the doomed engine"
+            await asyncio.sleep(0.01)
+        freeze_engine_core(doomed_decode)
+        generated = await settled_metric(doomed, GENERATED) - generated_before
+        assert 0 < generated < body["max_tokens"], f"{generated} tokens when frozen"
         doomed_decode.kill()
         response = await streamed
         tally.seconds.append(time.monotonic() - began)
