@@ -207,6 +207,17 @@ class AgentKVWorker(NixlPullConnectorWorker):
         )
         return True
 
+    def _read_finished(self, req_id: str) -> bool:
+        """Whether every read of a pull has completed, not yet polled by upstream."""
+        handles = self._recving_transfers.get(req_id)
+        return bool(handles) and all(self._transfer_state(h) == "DONE" for h in handles)
+
+    def _transfer_state(self, handle: int) -> str:
+        try:
+            return str(self.nixl_wrapper.check_xfer_state(handle))
+        except Exception:  # noqa: BLE001 - NIXL raises one class per error status
+            return "ERR"
+
     def _transfer_running(self, handle: int) -> bool:
         try:
             return self.nixl_wrapper.check_xfer_state(handle) == "PROC"
@@ -238,6 +249,8 @@ class AgentKVWorker(NixlPullConnectorWorker):
         for req_id in self._pull_deadlines.pop_overdue(time.monotonic()):
             if req_id not in self._recving_metadata or req_id in self._recv_failures:
                 continue
+            if self._read_finished(req_id):
+                continue  # done since the last step's poll (a long step): upstream reports it
             engine_id = self._remote_engine_of(req_id)
             self._abandon_pull(req_id, "no transfer within its deadline")
             if engine_id is not None and engine_id not in self._quarantine:

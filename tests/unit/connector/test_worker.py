@@ -101,6 +101,30 @@ def test_overdue_read_is_aborted_and_marked_failed(monkeypatch: pytest.MonkeyPat
     assert "fresh" in worker._pull_deadlines
 
 
+def test_a_read_that_finished_during_a_long_step_is_not_taken_for_a_stall() -> None:
+    # The engine's step outlasted the pull's deadline; its reads completed meanwhile.
+    nixl = FakeNixl(states={11: "DONE", 12: "DONE"})
+    worker = bare_worker(nixl)
+    pulling(worker, "done-late", [11, 12], deadline=0.0)
+
+    worker._abort_overdue_pulls()
+
+    assert worker._recving_transfers == {"done-late": [11, 12]}  # left to upstream's poll
+    assert not worker._recv_failures and nixl.released == []
+    assert "decode" not in worker._quarantine
+
+
+def test_a_pull_with_one_read_still_running_past_its_deadline_is_abandoned() -> None:
+    nixl = FakeNixl(states={11: "DONE", 12: "PROC"})
+    worker = bare_worker(nixl)
+    pulling(worker, "half", [11, 12], deadline=0.0)
+
+    worker._abort_overdue_pulls()
+
+    assert worker._recv_failures == {"half"}
+    assert "decode" in worker._quarantine
+
+
 def test_a_stalled_pull_drops_its_peer_and_every_other_pull_from_it() -> None:
     # A live peer whose connection wedged: its reads sit in flight, none fails by itself.
     nixl = FakeNixl()
