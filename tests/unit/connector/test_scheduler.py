@@ -14,9 +14,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-pytest.importorskip("vllm", reason="the scheduler half subclasses vLLM's NIXL scheduler")
-
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
 from vllm.v1.request import RequestStatus
 
@@ -38,6 +35,7 @@ def bare_scheduler() -> AgentKVScheduler:
     scheduler._reqs_need_recv = {}
     scheduler._unfinished = {}
     scheduler._loaded_at = {}
+    scheduler._loads = {}
     scheduler._reporter = None
     return scheduler
 
@@ -165,3 +163,116 @@ def test_a_loaded_request_that_runs_is_not_reported() -> None:
     )
 
     assert scheduler._loaded_at == {}
+
+
+# -- the load outcome each finished request returns (docs/router.md, "Pair health") ------------
+
+
+def finishing(scheduler: AgentKVScheduler) -> AgentKVScheduler:
+    """What upstream's ``update_connector_output`` and ``request_finished`` touch."""
+    scheduler._heartbeat_req_engine = {}
+    scheduler._heartbeat_by_engine = {}
+    scheduler._retained = set()
+    scheduler._reqs_not_processed = set()
+    scheduler._reqs_need_save = {}
+    scheduler._reqs_need_send = {}
+    scheduler.engine_id = "this-engine"
+    scheduler.side_channel_host, scheduler.side_channel_port = "127.0.0.1", 5601
+    scheduler.transfer_tp_size = 1
+    parallel = SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1)
+    scheduler.vllm_config = SimpleNamespace(parallel_config=parallel)
+    return scheduler
+
+
+def decoding_request() -> SimpleNamespace:
+    """A decode request that reads its prompt's KV from prefill engine ``prefill``."""
+    params: dict[str, Any] = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "prefill",
+        "remote_request_id": "p-1",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
+        "remote_block_ids": [[1, 2, 3, 4]],
+        "remote_num_tokens": len(HELD),
+    }
+    return SimpleNamespace(
+        request_id="turn-1",
+        kv_transfer_params=params,
+        prompt_token_ids=list(HELD),
+        num_prompt_tokens=len(HELD),
+        status=None,
+    )
+
+
+def transfer_output(finished: set[str], failed: set[str]) -> SimpleNamespace:
+    """A step's KVConnectorOutput as vLLM's aggregator builds it (failed loads finish too)."""
+    return SimpleNamespace(
+        finished_sending=None, finished_recving=finished | failed, failed_recving=failed
+    )
+
+
+def finish(scheduler: AgentKVScheduler, request: SimpleNamespace) -> dict[str, Any] | None:
+    request.status = RequestStatus.FINISHED_STOPPED
+    return scheduler.request_finished(request, ([],))[1]
+
+
+@pytest.mark.parametrize("failed", [True, False], ids=["failed", "ok"])
+def test_a_decode_request_returns_how_its_load_from_prefill_ended(failed) -> None:
+    scheduler = finishing(bare_scheduler())
+    request = decoding_request()
+    scheduler.on_new_request(request)
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), len(HELD))
+
+    scheduler.update_connector_output(
+        transfer_output(set(), {"turn-1"}) if failed else transfer_output({"turn-1"}, set())
+    )
+    params = finish(scheduler, request)
+
+    assert params is not None
+    assert params["agentkv_kv_load"] == ("failed" if failed else "ok")
+    assert params["agentkv_kv_load_from"] == "prefill"
+    assert params["remote_engine_id"] == "this-engine"  # upstream's own fields stay as they were
+    assert scheduler._loads == {}
+
+
+def test_a_pull_that_failed_and_was_computed_returns_failed() -> None:
+    scheduler = finishing(bare_scheduler())
+    scheduler._kv_lease_duration = 30
+    request = pulling_request()
+    first = scheduler.get_num_new_matched_tokens(request, 0)
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13, 14]), first[0])
+    scheduler.update_connector_output(transfer_output(set(), {"turn-2"}))
+    # Recomputed: asked again, it loads nothing this time.
+    again = scheduler.get_num_new_matched_tokens(request, 0)
+    scheduler.update_state_after_alloc(request, allocated([20, 21, 22, 23, 24]), again[0])
+
+    params = finish(scheduler, request)
+
+    assert params is not None
+    assert (params["agentkv_kv_load"], params["agentkv_kv_load_from"]) == ("failed", "decode")
+
+
+def test_a_request_that_loaded_nothing_remote_returns_no_outcome() -> None:
+    scheduler = finishing(bare_scheduler())
+    request = decoding_request()
+    request.kv_transfer_params.update(do_remote_prefill=False, remote_block_ids=None)
+    scheduler.on_new_request(request)
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), 0)
+    scheduler.update_connector_output(transfer_output(set(), set()))
+
+    params = finish(scheduler, request)
+
+    assert params is not None and "agentkv_kv_load" not in params
+
+
+def test_a_load_still_running_when_its_request_ends_returns_no_outcome() -> None:
+    # Aborted while waiting for its KV: nothing is known of the load, and nothing is kept.
+    scheduler = finishing(bare_scheduler())
+    request = decoding_request()
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), len(HELD))
+
+    params = finish(scheduler, request)
+
+    assert params is not None and "agentkv_kv_load" not in params
+    assert scheduler._loads == {}

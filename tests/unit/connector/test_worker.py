@@ -12,9 +12,6 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-
-pytest.importorskip("vllm", reason="the worker half subclasses vLLM's NIXL worker")
-
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
 from agentkv_server.connector.deadlines import Deadlines
