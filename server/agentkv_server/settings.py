@@ -37,6 +37,7 @@ __all__ = [
     "CostModelSettings",
     "FaultSettings",
     "LocalPathSettings",
+    "PairSettings",
     "PolicyName",
     "RetentionSettings",
     "Settings",
@@ -56,9 +57,17 @@ class _Frozen(BaseModel):
 
 
 class Timeouts(_Frozen):
-    """Seconds allowed for each step; a step that runs over counts as an engine failure."""
+    """Seconds allowed for each step; a step that runs over counts as an engine failure, except
+    for its wait for a free connection (``pool_s``), which is the router's own."""
 
     connect_s: float = Field(2.0, gt=0, description="TCP connect to an engine")
+    pool_s: float = Field(
+        10.0,
+        gt=0,
+        description="a step's wait for a free connection to its engine (max_connections, "
+        "max_connections_per_engine), within the step's own timeout; past it the step fails "
+        "as the router's own failure, never the engine's",
+    )
     prefill_s: float = Field(120.0, gt=0, description="whole prefill step (P answers max_tokens=1)")
     pull_s: float = Field(
         30.0,
@@ -184,6 +193,30 @@ class LocalPathSettings(_Frozen):
     )
 
 
+class PairSettings(_Frozen):
+    """How long a prefill/decode pair whose KV transfer failed is avoided (docs/router.md,
+    "Pair health").
+
+    A pair whose last transfer failed (the engine's ``agentkv_kv_load: failed``) is bad: a P/D
+    turn goes over it only when no healthy engine forms a good pair with the turn's other
+    engine. ``retry_s`` after the failure one turn tests it again; each failure in a row doubles
+    that wait, up to ``max_retry_s``. One good transfer makes the pair good at once.
+    """
+
+    retry_s: float = Field(
+        10.0, gt=0, description="wait after a pair's first failure before a turn tests it again"
+    )
+    max_retry_s: float = Field(
+        160.0, gt=0, description="longest wait, however many failures in a row"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PairSettings:
+        if self.retry_s > self.max_retry_s:
+            raise ValueError("pairs retry_s must not exceed max_retry_s")
+        return self
+
+
 class Settings(_Frozen):
     """Configuration of one router (and of the engines ``agentkv serve`` starts for it)."""
 
@@ -207,7 +240,15 @@ class Settings(_Frozen):
         16 * 1024, gt=0, description="request line target plus all header names and values"
     )
     max_sessions: int = Field(100_000, gt=0, description="bound of the session index (LRU)")
-    max_connections: int = Field(1000, gt=0, description="upstream connection pool size")
+    max_connections: int = Field(
+        1000, gt=0, description="connections to engines in use at once, all engines together"
+    )
+    max_connections_per_engine: int = Field(
+        500,
+        gt=0,
+        description="connections in use to any one engine: a slow engine's streams leave the "
+        "rest of the pool to the others",
+    )
     decode_attempts: int = Field(2, ge=1, description="decode engines tried before giving up")
     health_interval_s: float = Field(5.0, gt=0)
     store_retry_s: float = Field(
@@ -218,6 +259,7 @@ class Settings(_Frozen):
     retention: RetentionSettings = RetentionSettings()
     cost: CostModelSettings = CostModelSettings()
     local: LocalPathSettings = LocalPathSettings()
+    pairs: PairSettings = PairSettings()
 
     @field_validator("api_keys")
     @classmethod

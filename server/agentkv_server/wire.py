@@ -37,6 +37,10 @@ __all__ = [
     "EXTRA_ROUTER_URL",
     "EXTRA_SECRET",
     "HASH_BLOCK_SIZE",
+    "KV_LOAD",
+    "KV_LOAD_FAILED",
+    "KV_LOAD_FROM",
+    "KV_LOAD_OK",
     "KV_TRANSFER_PARAMS",
     "PORT_BASE_ENV",
     "RELEASE",
@@ -93,6 +97,14 @@ EXPIRES_AT: Final = "agentkv_expires_at"
 BLOCK_HASHES: Final = "agentkv_block_hashes"
 HASH_BLOCK_SIZE: Final = "agentkv_hash_block_size"
 TAIL_TOKEN_IDS: Final = "agentkv_tail_token_ids"
+# Engine -> router, in the returned params and the holding report of a request that loaded KV
+# from a remote engine (D reading P's prompt, or P pulling a holding): how that load ended,
+# ``KV_LOAD_OK`` or ``KV_LOAD_FAILED`` (the request then computed the prompt itself), and the
+# engine id it loaded from. Absent when the request loaded nothing remote.
+KV_LOAD: Final = "agentkv_kv_load"
+KV_LOAD_FROM: Final = "agentkv_kv_load_from"
+KV_LOAD_OK: Final = "ok"
+KV_LOAD_FAILED: Final = "failed"
 
 # D -> router: the holding report of a ticketed request (streamed turns).
 REPORT_PATH: Final = "/internal/v1/kv-holdings"

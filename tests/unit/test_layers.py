@@ -22,7 +22,7 @@ FORBIDDEN = {
     "bundle": ("testing", "bench", "plan"),
 }
 # Too plain a word to count as a spelling of the protocol.
-_PLAIN = {wire.REPORT_TICKET}
+_PLAIN = {wire.REPORT_TICKET, wire.KV_LOAD_OK, wire.KV_LOAD_FAILED}
 WIRE_NAMES = {
     value
     for name in wire.__all__

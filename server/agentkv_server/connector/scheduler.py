@@ -8,6 +8,12 @@ On a decode engine (D), when a request finishes:
   and a prefix fingerprint of the held tokens (``prefix.py``);
 * with an ``agentkv_ticket``, the params are reported to the router (``report.py``).
 
+On either engine, a request that loaded KV from a remote engine (D reading P's prompt, P
+pulling a holding) returns how that load ended: ``agentkv_kv_load`` (``ok``, or ``failed`` when
+the worker reported it in ``failed_recving`` and the request computed the prompt itself) and
+``agentkv_kv_load_from``, the engine it loaded from. The router learns each engine pair's
+transfer health from it (docs/router.md, "Pair health").
+
 A request carrying ``agentkv_release`` frees the named retained requests' blocks at once.
 
 On a prefill engine (P) pulling a holding, only the longest prefix that its prompt really
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
@@ -88,6 +95,8 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._unfinished: dict[str, Request] = {}
         # Requests whose load finished and that the scheduler has not run since: when.
         self._loaded_at: dict[str, float] = {}
+        # Requests that load KV from a remote engine: that engine, and how the load ended.
+        self._loads: dict[str, _Load] = {}
         self._idle = _idle_backoff(settings)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
@@ -158,6 +167,10 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if num_external_tokens > 0 and request.request_id in self._reqs_need_recv:
+            # A read of ``num_external_tokens`` was planned: its outcome goes back in the params.
+            remote = params.get(wire.REMOTE_ENGINE_ID) if params else None
+            self._loads[request.request_id] = _Load(str(remote))
 
     def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
         """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
@@ -205,6 +218,12 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
         self._unfinished.pop(request.request_id, None)
+        load = self._loads.pop(request.request_id, None)
+        if load is not None and load.outcome is not None:
+            # Also without upstream's params (a decode engine not in bidirectional mode).
+            params = {} if params is None else params
+            params[wire.KV_LOAD] = load.outcome
+            params[wire.KV_LOAD_FROM] = load.engine_id
         request_params = request.kv_transfer_params or {}
         if delay_free and params is not None and params.get(wire.DO_REMOTE_DECODE):
             delay_free = self._retain(request, params, request_params)
@@ -219,6 +238,16 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._retained.difference_update(connector_output.finished_sending or ())
         loaded = set(connector_output.finished_recving or ()) & self._unfinished.keys()
         self._loaded_at.update(dict.fromkeys(loaded, time.monotonic()))
+        self._note_load_outcomes(connector_output)
+
+    def _note_load_outcomes(self, connector_output: KVConnectorOutput) -> None:
+        """A finished load failed if the worker also listed it in ``failed_recving`` (vLLM's
+        scheduler then recomputes the request: ``kv_load_failure_policy="recompute"``)."""
+        failed = set(getattr(connector_output, "failed_recving", None) or ())
+        for req_id in set(connector_output.finished_recving or ()) | failed:
+            load = self._loads.get(req_id)
+            if load is not None and load.outcome is None:
+                load.outcome = wire.KV_LOAD_FAILED if req_id in failed else wire.KV_LOAD_OK
 
     def shutdown(self) -> None:
         if self._reporter is not None:
@@ -265,6 +294,14 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             logger.debug("Release of %s ignored: no blocks retained for it", req_id)
             return
         self._reqs_need_send[req_id] = time.perf_counter()
+
+
+@dataclass
+class _Load:
+    """A request's load from a remote engine; ``outcome`` None while it runs."""
+
+    engine_id: str
+    outcome: str | None = None
 
 
 def _idle_backoff(settings: ConnectorSettings) -> IdleBackoff:

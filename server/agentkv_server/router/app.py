@@ -107,7 +107,10 @@ def create_app(
 
 
 def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) -> RouterState:
-    http = HTTPClient(max_connections=settings.max_connections)
+    http = HTTPClient(
+        max_connections=settings.max_connections,
+        max_per_origin=settings.max_connections_per_engine,
+    )
     metrics = RouterMetrics()
     resilient = ResilientStore(
         store or _make_store(settings),
@@ -191,6 +194,10 @@ async def _report_holding(request: Request) -> Response:
             f"'{wire.KV_TRANSFER_PARAMS}' (object).",
             code="invalid_report",
         )
+    # A streamed turn's D says here how its read of P's KV went (pairs.py).
+    state.orchestrator.pairs.record_ticket(
+        report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS]
+    )
     await state.keeper.record(
         report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS], reported=True
     )

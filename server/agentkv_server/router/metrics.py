@@ -8,6 +8,9 @@
 - ``agentkv_streams_resumed_total`` (broken decode streams continued on another engine)
 - ``agentkv_store_up`` (gauge: 0 while the session store is out and turns recompute)
 - ``agentkv_store_errors_total{op}`` (failed session-store calls, by operation)
+- ``agentkv_pair_transfers_total{prefill,decode,outcome="ok|failed"}`` (KV loads between a pair
+  of engines, as the engine that loaded reported them: pairs.py)
+- ``agentkv_pair_healthy{prefill,decode}`` (gauge: 1 while the pair's last transfer worked)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agentkv_server.router.turn import ErrorKind, KVPath
+from agentkv_server.router.failures import ErrorKind
+from agentkv_server.router.turn import KVPath
 
 __all__ = ["RouterMetrics"]
 
@@ -77,6 +81,20 @@ class RouterMetrics:
             ["op"],
             registry=self.registry,
         )
+        self.pair_transfers = Counter(
+            "agentkv_pair_transfers_total",
+            "KV loads between a prefill and a decode engine (either way), by how they ended "
+            "as the engine that loaded reported them.",
+            ["prefill", "decode", "outcome"],
+            registry=self.registry,
+        )
+        self.pair_healthy = Gauge(
+            "agentkv_pair_healthy",
+            "1 while a prefill/decode pair's last KV transfer worked; 0 while P/D turns avoid "
+            "the pair.",
+            ["prefill", "decode"],
+            registry=self.registry,
+        )
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
         self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
@@ -96,6 +114,12 @@ class RouterMetrics:
 
     def record_stream_resumed(self) -> None:
         self.streams_resumed.inc()
+
+    def record_pair_transfer(self, prefill: str, decode: str, outcome: str) -> None:
+        self.pair_transfers.labels(prefill=prefill, decode=decode, outcome=outcome).inc()
+
+    def set_pair_healthy(self, prefill: str, decode: str, healthy: bool) -> None:
+        self.pair_healthy.labels(prefill=prefill, decode=decode).set(1 if healthy else 0)
 
     def render(self, sessions_held: int) -> bytes:
         self.sessions_held.set(sessions_held)

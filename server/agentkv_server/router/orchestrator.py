@@ -10,8 +10,9 @@
    cold params otherwise. A failed P step is retried cold (a planned reuse becomes a
    ``fallback``) and on other P engines; with none left the turn is served decode-only.
 3. D step: P's returned params plus agentkv's retention and ticket, preferring the holder as
-   decode engine. A D failure before its first byte is retried on another D engine. Streams are
-   passed through chunk by chunk once the first chunk is in.
+   decode engine, among engines whose KV transfers with P work (pairs.py; so is P picked by its
+   pair with the holder). A D failure before its first byte is retried on another D engine.
+   Streams are passed through chunk by chunk once the first chunk is in.
    Every P and D step runs under the watchdog: a step whose engine stops answering or making
    progress is aborted within seconds and served elsewhere, and the engine is suspect.
 4. The holding is replaced from D's response body (non-streamed), D's report (streamed), or
@@ -35,11 +36,13 @@ from starlette.responses import Response
 from agentkv_server import wire
 from agentkv_server.router.codec import JSONBytesResponse
 from agentkv_server.router.errors import RouterError
+from agentkv_server.router.failures import LOST, SUSPECT, wire_kind
 from agentkv_server.router.formats import StreamEditor
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.pairs import PairHealth
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import PrefillSample, ReusePolicy, TurnLoad
 from agentkv_server.router.resume import (
@@ -53,7 +56,7 @@ from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.turn import KVPath, Turn
 from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
 from agentkv_server.router.watchdog import Watchdog
-from agentkv_server.settings import Settings
+from agentkv_server.settings import Settings, Timeouts
 
 __all__ = ["Orchestrator"]
 
@@ -80,14 +83,18 @@ class Orchestrator:
         self._keeper = keeper
         self._policy = policy
         self._metrics = metrics
+        # Each prefill/decode pair's KV transfer health; the app records holding reports here.
+        self.pairs = PairHealth(
+            settings.pairs,
+            metrics=metrics,
+            pairs=[(p.url, d.url) for p in prefill.engines for d in decode.engines],
+        )
         timeouts = settings.timeouts
         self._watchdog = Watchdog(http, settings.faults, timeouts.health_s)
-        self._prefill_timeout = Timeout(total=timeouts.prefill_s, connect=timeouts.connect_s)
-        self._pull_timeout = Timeout(
-            total=min(timeouts.pull_s, timeouts.prefill_s), connect=timeouts.connect_s
-        )
-        self._decode_timeout = Timeout(total=timeouts.decode_s, connect=timeouts.connect_s)
-        self._tokenize_timeout = Timeout(total=timeouts.tokenize_s, connect=timeouts.connect_s)
+        self._prefill_timeout = _step_timeout(timeouts, timeouts.prefill_s)
+        self._pull_timeout = _step_timeout(timeouts, min(timeouts.pull_s, timeouts.prefill_s))
+        self._decode_timeout = _step_timeout(timeouts, timeouts.decode_s)
+        self._tokenize_timeout = _step_timeout(timeouts, timeouts.tokenize_s)
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
         turn = Turn(request, started)
@@ -220,7 +227,12 @@ class Orchestrator:
         Raises EngineFailure only when P refused the request itself (4xx on a cold step).
         """
         excluded: list[Engine] = []
-        while (engine := self._prefill.pick(exclude=excluded)) is not None:
+        # The holder is the decode engine the turn prefers (and a pull's source): pick a P
+        # whose pair with it works. Only a pull tests the pair here; else D's read will.
+        holder = turn.holding.decode_url if turn.holding is not None else None
+        while (
+            engine := self.pairs.pick(self._prefill, holder, exclude=excluded, trial=turn.pulls)
+        ) is not None:
             pulling = turn.pulls
             params = self._prefill_params(turn)
             began = time.monotonic()
@@ -242,7 +254,10 @@ class Orchestrator:
                 continue
             self._account_prefill(turn, answer, time.monotonic() - began)
             params = answer.get(wire.KV_TRANSFER_PARAMS)
+            # How P's pull from the holder went (taken out: D must not take it for its own).
+            self.pairs.record_params(engine.url, holder if pulling else None, params)
             turn.prefill_params = params if isinstance(params, dict) else {}
+            turn.prefill_url = engine.url
             return
         if turn.pulls:
             turn.fall_back()
@@ -293,10 +308,13 @@ class Orchestrator:
         retention_s = self._retention_s(turn)
         prefer = turn.holding.decode_url if turn.holding is not None else None
         for _ in range(self._settings.decode_attempts):
-            engine = self._decode.pick(prefer=prefer, exclude=excluded)
+            prefill_url = _prefill_url(turn)
+            engine = self.pairs.pick(self._decode, prefill_url, prefer=prefer, exclude=excluded)
             if engine is None:
                 break
             ticket = await self._issue_ticket(turn, engine, retention_s)
+            if ticket is not None and prefill_url is not None:
+                self.pairs.expect(ticket, prefill_url, engine.url)
             body = self._decode_body(turn, retention_s, ticket)
             try:
                 if request.stream:
@@ -364,6 +382,7 @@ class Orchestrator:
             self._account_local(turn, answer)
         self._record_turn(turn)
         params = answer.pop(wire.KV_TRANSFER_PARAMS, None)
+        self._record_pair(turn, engine, ticket, params)
         if ticket is not None and isinstance(params, dict):
             await self._keeper.record(ticket, params)
         _log_breakdown(turn)
@@ -420,14 +439,14 @@ class Orchestrator:
         resumes = 0
         try:
             while True:
-                broke = None
+                broke, error = None, None
                 try:
                     async for part in self._pass_on(turn, relayed, editor):
                         yield part
                     if not editor.ended:
                         broke = "the stream ended before its end"
                 except (HTTPError, asyncio.TimeoutError) as exc:
-                    broke = repr(exc)
+                    broke, error = repr(exc), exc
                 finally:
                     relayed.stream.close()
                     relayed.engine.request_finished()
@@ -436,7 +455,7 @@ class Orchestrator:
                 # Bytes already went out: continue this stream, or it just ends early.
                 logger.warning("decode stream from %s broke: %s", relayed.engine.url, broke)
                 self._metrics.record_engine_error("decode", "stream")
-                relayed.engine.mark_suspect()
+                _blame_broken_stream(relayed.engine, error)
                 if not isinstance(editor, ResumableStream):
                     return
                 if resumes >= self._settings.faults.stream_resumes:
@@ -461,6 +480,7 @@ class Orchestrator:
                 yield head
             if final is None:
                 continue
+            self._record_pair(turn, relayed.engine, relayed.ticket, editor.kv_transfer_params)
             if relayed.ticket is not None:
                 waited = time.monotonic()
                 await self._hold_back_final(relayed.ticket, editor.kv_transfer_params)
@@ -521,6 +541,16 @@ class Orchestrator:
             return  # engines sent no ticket never report: waiting would only delay the end
         await self._keeper.wait_recorded(ticket, self._settings.timeouts.report_s)
 
+    def _record_pair(
+        self, turn: Turn, engine: Engine, ticket: str | None, params: dict[str, Any] | None
+    ) -> None:
+        """How D's read of P's KV went, from D's returned params: once per ticket (its answer
+        or its holding report, whichever comes first), else for this turn's P/D pair."""
+        if ticket is not None:
+            self.pairs.record_ticket(ticket, params)
+        else:
+            self.pairs.record_params(_prefill_url(turn), engine.url, params)
+
     def _record_turn(self, turn: Turn) -> None:
         self._metrics.record_turn(
             turn.path, time.monotonic() - turn.started, turn.reused_tokens, turn.computed_tokens
@@ -534,8 +564,8 @@ class Orchestrator:
             return
         self._metrics.record_engine_error(failure.engine.role, failure.kind)
         failure.engine.record_failure(failure.kind)
-        if failure.engine_stuck:
-            logger.warning("%s: the engine is suspect until its health probe passes", failure)
+        if failure.kind in SUSPECT or failure.kind in LOST:
+            logger.warning("%s: the engine is down until its health probe passes", failure)
         else:
             logger.debug("%s", failure)
 
@@ -556,6 +586,24 @@ class _Relayed:
     stream: DecodeStream
     engine: Engine
     ticket: str | None
+
+
+def _prefill_url(turn: Turn) -> str | None:
+    """The P engine whose KV the decode step reads; None for a decode-only step."""
+    return turn.prefill_url if turn.prefill_params else None
+
+
+def _step_timeout(timeouts: Timeouts, total_s: float) -> Timeout:
+    return Timeout(total=total_s, connect=timeouts.connect_s, pool=timeouts.pool_s)
+
+
+def _blame_broken_stream(engine: Engine, error: BaseException | None) -> None:
+    """A stream that ended before its end, went quiet or whose connection dropped makes its
+    engine suspect; a bad answer or the router's own failure (``error``'s kind) does not."""
+    if error is None:
+        engine.mark_suspect()
+    else:
+        engine.record_failure(wire_kind(error))
 
 
 def _unservable(turn: Turn) -> RouterError:

@@ -1,10 +1,10 @@
 """Engines, their load and health, and the choice of engine for each step.
 
 Load is the number of requests this router has in flight on an engine (a replica sees only its
-own share, which is enough to spread work). Health is passive (a connect failure or a step that
-times out or hangs marks an engine down at once) and active (``HealthMonitor`` probes
-``GET /health`` periodically and brings engines back). An engine that refused a connection is
-*lost*: its process is gone or restarted, so every holding issued before that moment is void
+own share, which is enough to spread work). Health is passive (a step's failure marks its engine
+down at once when it blames the engine: failures.py) and active (``HealthMonitor`` probes
+``GET /health`` periodically and brings engines back). An engine that refused a new connection
+is *lost*: its process is gone or restarted, so every holding issued before that moment is void
 (checked lazily against ``lost_at``: no store scan, and right for every store).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from agentkv_server.router.http_client import HTTPClient, HTTPConnectError, HTTPError, Timeout
-from agentkv_server.router.turn import STUCK, ErrorKind
+from agentkv_server.router.failures import LOST, SUSPECT, ErrorKind, wire_kind
+from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 
 __all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
 
@@ -49,20 +49,21 @@ class Engine:
         return time.monotonic() - self.answered_at <= seconds
 
     def mark_suspect(self) -> None:
-        """No new work until a health probe passes (a step hung or timed out)."""
+        """No new work until a health probe passes (a step hung, timed out or was dropped)."""
         self.healthy = False
 
     def mark_lost(self) -> None:
-        """The engine refused a connection: down, and the KV it held is gone with it."""
+        """The engine refused a new connection: down, and the KV it held is gone with it."""
         self.healthy = False
         self.lost_at = time.time()
 
     def record_failure(self, kind: ErrorKind) -> None:
-        """A step on this engine failed: lost on a refused connection, suspect when it answered
-        nothing in time or made no progress; unchanged when the answer itself was bad."""
-        if kind == "connect":
+        """A step on this engine failed: lost on a refused new connection, suspect when it
+        dropped the connection, answered nothing in time or made no progress; unchanged when
+        the answer itself was bad or the router failed."""
+        if kind in LOST:
             self.mark_lost()
-        elif kind in STUCK:
+        elif kind in SUSPECT:
             self.mark_suspect()
 
     def may_hold(self, issued_at: float) -> bool:
@@ -160,7 +161,10 @@ class HealthMonitor:
         await asyncio.gather(*(self._check(engine) for engine in self._engines))
 
     async def _check(self, engine: Engine) -> None:
-        healthy = await probe_health(self._http, engine, self._timeout) is None
+        problem = await probe_health(self._http, engine, self._timeout)
+        if problem == "router":  # the router could not ask: nothing learnt
+            return
+        healthy = problem is None
         engine.failed_probes = 0 if healthy else engine.failed_probes + 1
         if not healthy and engine.failed_probes < self._failures_to_down:
             return
@@ -189,15 +193,16 @@ class HealthMonitor:
 async def probe_health(http: HTTPClient, engine: Engine, timeout: Timeout) -> ErrorKind | None:
     """One ``GET /health``: None when healthy, else what went wrong.
 
-    A refused connection (``connect``) marks the engine lost at once.
+    A refused connection (``connect``) marks the engine lost at once; ``router`` says the
+    router could not ask (its own failure, nothing about the engine).
     """
     try:
         answer = await http.fetch(f"{engine.url}/health", timeout)
-    except HTTPConnectError:
-        engine.mark_lost()
-        return "connect"
-    except (HTTPError, asyncio.TimeoutError):
-        return "timeout"
+    except (HTTPError, asyncio.TimeoutError) as exc:
+        kind = wire_kind(exc)
+        if kind in LOST:
+            engine.mark_lost()
+        return kind
     if answer.status != 200:
         return "status"
     engine.mark_answered()

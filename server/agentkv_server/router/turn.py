@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any
 
 from agentkv import protocol
 from agentkv_server.router.formats import WireFormat, wire_format
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from agentkv_server.router.intake import ClientRequest
     from agentkv_server.router.upstream import EngineFailure
 
-__all__ = ["STUCK", "UNREACHABLE", "ErrorKind", "KVPath", "Turn", "TurnHints"]
+__all__ = ["KVPath", "Turn", "TurnHints"]
 
 
 class KVPath(str, enum.Enum):
@@ -36,16 +36,6 @@ class KVPath(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-ErrorKind = Literal["connect", "timeout", "status", "protocol", "stream", "stall", "hang"]
-"""Why an engine step failed. ``stall``: a step whose engine answered but made no progress
-(docs/faults.md), or a prefill step that pulled KV ran past ``timeouts.pull_s`` (then P is not
-blamed); ``hang``: a step whose engine stopped answering progress probes."""
-STUCK: Final[frozenset[ErrorKind]] = frozenset({"timeout", "hang", "stall"})
-"""The engine answered nothing in time, or made no progress."""
-UNREACHABLE: Final[frozenset[ErrorKind]] = frozenset({"connect", "timeout", "hang"})
-"""No answer at all: another try on the same engine would wait again."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +61,8 @@ class Turn:
     reused_tokens: int = 0
     computed_tokens: int = 0
     prefill_params: dict[str, Any] | None = None
+    prefill_url: str | None = None
+    """The prefill engine whose KV ``prefill_params`` name (the P of the turn's P/D pair)."""
     failures: list[EngineFailure] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""

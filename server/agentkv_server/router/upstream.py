@@ -1,26 +1,21 @@
 """Turn steps' calls to engines, over the app's one :class:`HTTPClient`.
 
-Every failure becomes an :class:`EngineFailure` with a kind the metrics count and the
-orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
+Every failure becomes an :class:`EngineFailure` with a kind (failures.py) the metrics count and
+the orchestrator acts on (another engine, a recompute, or passing a 4xx back to the client).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from agentkv_server.router import codec
-from agentkv_server.router.http_client import (
-    HTTPClient,
-    HTTPConnectionError,
-    HTTPError,
-    HTTPResponse,
-    Timeout,
-)
+from agentkv_server.router.failures import STUCK, UNREACHABLE, ErrorKind, wire_kind
+from agentkv_server.router.http_client import HTTPClient, HTTPError, HTTPResponse, Timeout
 from agentkv_server.router.placement import Engine
-from agentkv_server.router.turn import STUCK, UNREACHABLE, ErrorKind
 
 __all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
 
@@ -122,31 +117,45 @@ async def open_stream(
     first_chunk_s: float,
     idle_s: float,
 ) -> DecodeStream:
-    """POST a streaming request and wait (at most ``first_chunk_s``) for its first chunk; later
-    chunks may be at most ``idle_s`` apart."""
-
-    async def start() -> tuple[HTTPResponse, bytes]:
-        response = await http.post(engine.url + path, codec.dumps(body), headers, timeout)
-        try:
-            if response.status != 200:
-                raw = await response.read()
-                _raise_for_status(engine, response.status, response.headers, raw)
-            return response, await response.readany()
-        except BaseException:
-            response.release()
-            raise
-
+    """POST a streaming request and wait for its first chunk, at most ``first_chunk_s`` from
+    the request's start (its wait for a connection included); later chunks may be at most
+    ``idle_s`` apart."""
+    loop = asyncio.get_running_loop()
+    first_by = loop.time() + first_chunk_s
+    late = f"no first chunk within {first_chunk_s:g}s"
     try:
-        response, first = await asyncio.wait_for(start(), first_chunk_s)
-    except asyncio.TimeoutError as exc:
-        detail = str(exc) or f"no first chunk within {first_chunk_s}s"
-        raise EngineFailure(engine, "timeout", detail) from exc
-    except HTTPError as exc:
-        raise _wire_failure(engine, exc) from exc
+        response = await http.post(
+            engine.url + path,
+            codec.dumps(body),
+            headers,
+            dataclasses.replace(timeout, head=first_chunk_s),
+        )
+    except (asyncio.TimeoutError, HTTPError) as exc:
+        raise _wire_failure(engine, exc, late) from exc
+    try:
+        if response.status != 200:
+            raw = await _read_by(response, first_by)
+            _raise_for_status(engine, response.status, response.headers, raw)
+        first = await response.readany(max(first_by - loop.time(), 0.0))
+    except (asyncio.TimeoutError, HTTPError) as exc:
+        response.release()
+        raise _wire_failure(engine, exc, late) from exc
+    except BaseException:
+        response.release()
+        raise
     if not first:
         response.release()
         raise EngineFailure(engine, "stream", "stream ended before its first chunk")
     return DecodeStream(response, first, idle_s)
+
+
+async def _read_by(response: HTTPResponse, by: float) -> bytes:
+    """The whole body, by the loop time ``by`` (else asyncio.TimeoutError)."""
+    loop = asyncio.get_running_loop()
+    parts = []
+    while part := await response.readany(max(by - loop.time(), 0.0)):
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _raise_for_status(engine: Engine, status: int, headers: Mapping[str, str], raw: bytes) -> None:
@@ -162,15 +171,8 @@ def _raise_for_status(engine: Engine, status: int, headers: Mapping[str, str], r
     )
 
 
-def _wire_failure(engine: Engine, exc: BaseException) -> EngineFailure:
-    """What a call that failed on the wire means: no answer in time, no (more) connection, or
-    an answer that is not HTTP."""
-    if isinstance(exc, asyncio.TimeoutError):
-        return EngineFailure(engine, "timeout", _describe(exc))
-    if isinstance(exc, HTTPConnectionError):
-        return EngineFailure(engine, "connect", _describe(exc))
-    return EngineFailure(engine, "protocol", str(exc))
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+def _wire_failure(engine: Engine, exc: BaseException, late: str = "") -> EngineFailure:
+    """What a call that failed on the wire means (failures.py): whose failure, and its kind."""
+    kind = wire_kind(exc)
+    detail = str(exc) or (late if kind == "timeout" and late else type(exc).__name__)
+    return EngineFailure(engine, kind, detail)

@@ -10,7 +10,8 @@ Two checks, both bounded by the router's own deadlines, never by an engine's:
   dead) is a ``hang``; counters flat for ``stall_s`` (the engine answers but its core makes no
   progress) is a ``stall``. Either way the step's connection is closed, which aborts the
   request in vLLM, and the caller serves the turn elsewhere. A non-streamed answer gives no
-  sign of life until it is complete, hence reading progress beside it.
+  sign of life until it is complete, hence reading progress beside it. A read the router
+  itself could not make (no free connection) counts neither way.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
+from agentkv_server.router.failures import ErrorKind
+from agentkv_server.router.http_client import HTTPClient, HTTPError, HTTPLocalError, Timeout
 from agentkv_server.router.placement import Engine, probe_health
-from agentkv_server.router.turn import ErrorKind
 from agentkv_server.router.upstream import EngineFailure
 from agentkv_server.settings import FaultSettings
 
@@ -36,6 +37,13 @@ PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 """Counters whose sum grows while an engine computes (``GET /metrics``, Prometheus text)."""
 
 
+class _NotAsked:
+    """A progress read the router could not make (its own failure)."""
+
+
+NOT_ASKED = _NotAsked()
+
+
 class Watchdog:
     """Liveness before a pull, progress while a step runs."""
 
@@ -45,14 +53,15 @@ class Watchdog:
         self._liveness_timeout = Timeout(total=settings.liveness_timeout_s)
         self._probe_timeout = Timeout(total=probe_timeout_s)
         # One progress read per engine serves every step watched on it at the time.
-        self._reads: dict[Engine, tuple[float, asyncio.Future[float | None]]] = {}
+        self._reads: dict[Engine, tuple[float, asyncio.Future[float | None | _NotAsked]]] = {}
 
     async def unanswered(self, engine: Engine) -> ErrorKind | None:
-        """None when ``engine`` answers now; else why not, and it is marked suspect (or lost)."""
+        """None when ``engine`` answers now; else why not, and it is marked suspect (or lost),
+        unless the router could not ask (``router``)."""
         if engine.answered_within(self._settings.liveness_cache_s):
             return None
         problem = await probe_health(self._http, engine, self._liveness_timeout)
-        if problem is not None:
+        if problem is not None and problem != "router":
             engine.mark_suspect()
         return problem
 
@@ -81,6 +90,8 @@ class Watchdog:
             now_reading = await self._progress(engine)
             if task.done():
                 return
+            if isinstance(now_reading, _NotAsked):  # the router could not ask: nothing learnt
+                continue
             if now_reading is None:
                 unanswered += 1
                 if unanswered >= self._settings.unanswered_probes:
@@ -94,7 +105,7 @@ class Watchdog:
             elif time.monotonic() - changed >= self._settings.stall_s:
                 raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
 
-    async def _progress(self, engine: Engine) -> float | None:
+    async def _progress(self, engine: Engine) -> float | None | _NotAsked:
         now = time.monotonic()
         started, read = self._reads.get(engine, (-math.inf, None))
         if read is None or now - started >= self._settings.progress_every_s / 2:
@@ -102,14 +113,17 @@ class Watchdog:
             self._reads[engine] = (now, read)
         return await asyncio.shield(read)  # a step that ends must not cancel the others' read
 
-    async def _read_progress(self, engine: Engine) -> float | None:
-        """The engine's progress counters; None when it does not answer.
+    async def _read_progress(self, engine: Engine) -> float | None | _NotAsked:
+        """The engine's progress counters; None when it does not answer, NOT_ASKED when the
+        router could not ask it.
 
         An engine without those counters answers a fresh reading each time: answering is all
         the progress it can show.
         """
         try:
             answer = await self._http.fetch(f"{engine.url}/metrics", self._probe_timeout)
+        except HTTPLocalError:
+            return NOT_ASKED
         except (HTTPError, asyncio.TimeoutError):
             return None
         text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""

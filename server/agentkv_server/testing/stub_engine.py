@@ -11,6 +11,9 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
   ``agentkv_retention_seconds`` (upstream's 480 s without it), returns the holding params with
   ``agentkv_expires_in_seconds``, and reports them through the cluster's reporter when the
   request carried an ``agentkv_ticket``;
+- a decode step that reads a prefill engine's KV (``do_remote_prefill``) says how that load
+  went, as agentkv's connector does (``agentkv_kv_load``, ``agentkv_kv_load_from``): ``ok``, or
+  ``failed`` while ``kv_load_fails`` is set (the step then computes the prompt itself);
 - ``agentkv_release`` frees retained requests at once;
 - a non-streamed request with a JSON-schema format is answered with a sample of the schema
   (stub_shapes.py), so openai's ``parse`` helpers accept it.
@@ -99,6 +102,7 @@ class StubEngine:
     record: bool = True  # keep every request in ``requests`` (off for long load runs)
     report_cached_tokens: bool = True
     delay_s: float = 0.0
+    kv_load_fails: bool = False  # its reads of prefill engines' KV fail (it recomputes)
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
     requests: list[RecordedRequest] = field(default_factory=list)
     retained: dict[str, Retained] = field(default_factory=dict)
@@ -272,27 +276,38 @@ class StubEngine:
     ) -> web.StreamResponse:
         prompt_tokens = count_prompt_tokens(body)
         cached = 0
-        if not params.get(wire.DO_REMOTE_PREFILL):  # decode-only serving prefills locally
+        load = self._load(params)
+        if load is None:  # decode-only serving prefills locally
             cached = prefix_hit(self.retained, prompt_tokens)
             await self._compute(prompt_tokens - cached)
+        elif load[wire.KV_LOAD] == wire.KV_LOAD_FAILED:
+            await self._compute(prompt_tokens)  # kv_load_failure_policy: recompute
         n = output_limit(body)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
+        returned = holding if load is None else {**(holding or {}), **load}
         ticket = params.get(wire.TICKET)
         if body.get("stream"):
-            response = await self._stream(request, stream_events(body, n, prompt_tokens, holding))
+            response = await self._stream(request, stream_events(body, n, prompt_tokens, returned))
         else:
             reported = cached if self.report_cached_tokens and cached else None
             structured = structured_answer(body)
             text = stub_answer(n) if structured is None else structured
             answer = answer_body(
-                body, text, prompt_tokens, n, reported, holding, finished=structured is not None
+                body, text, prompt_tokens, n, reported, returned, finished=structured is not None
             )
             response = web.json_response(answer)
-        if ticket and holding is not None:
-            self._report(wire.holding_report(ticket, holding))
+        if ticket and returned is not None:
+            self._report(wire.holding_report(ticket, returned))
         return response
+
+    def _load(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """How the read of a prefill engine's KV went; None when the step reads none."""
+        if not params.get(wire.DO_REMOTE_PREFILL):
+            return None
+        outcome = wire.KV_LOAD_FAILED if self.kv_load_fails else wire.KV_LOAD_OK
+        return {wire.KV_LOAD: outcome, wire.KV_LOAD_FROM: params.get(wire.REMOTE_ENGINE_ID)}
 
     def _retain(self, params: dict[str, Any], num_tokens: int) -> dict[str, Any] | None:
         retention = retention_s(params)

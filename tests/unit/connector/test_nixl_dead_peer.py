@@ -18,13 +18,14 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from nixl import _api as nixl_api
+from nixl_cu12._api import nixl_agent as NixlWrapper  # the backend vLLM loads here
+from nixl_cu12._api import nixl_agent_config
 
 SIZE = 4 << 20
 
 
-def new_agent(name: str) -> nixl_api.nixl_agent:
-    return nixl_api.nixl_agent(name, nixl_api.nixl_agent_config(backends=["UCX"]))
+def new_agent(name: str) -> NixlWrapper:
+    return NixlWrapper(name, nixl_agent_config(backends=["UCX"]))
 
 
 def hold(conn: Connection) -> None:
@@ -37,7 +38,7 @@ def hold(conn: Connection) -> None:
         time.sleep(1)
 
 
-def state_within(agent: nixl_api.nixl_agent, handle: object, seconds: float) -> str:
+def state_within(agent: NixlWrapper, handle: object, seconds: float) -> str:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:

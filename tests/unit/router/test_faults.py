@@ -151,6 +151,24 @@ async def test_decode_failure_before_first_token_is_retried_elsewhere(make_route
     assert router.state.decode.engines[0].healthy is False  # until the next health check
 
 
+async def test_a_dropped_connection_makes_an_engine_suspect_not_lost(make_router):
+    """The holder hangs up on a request it had accepted: no new work until its probe passes,
+    but only a refused new connection says its process (and the KV it holds) is gone."""
+    router = await make_router(n_decode=2)
+    await router.chat(conversation(1, 500), session="s1")
+    stub = router.decode[0] if router.decode[0].retained else router.decode[1]
+    holder = router.state.decode.get(stub.url)
+    assert holder is not None
+    stub.faults.append("disconnect")
+
+    response = await router.chat(conversation(2, 500), session="s1")
+
+    assert response.status_code == 200
+    assert holder.healthy is False and holder.lost_at == 0.0
+    assert await router.metric('agentkv_engine_errors_total{kind="disconnect",role="decode"}') == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="connect",role="decode"}') == 0
+
+
 async def test_client_gets_an_error_only_when_every_decode_engine_failed(make_router):
     router = await make_router(n_decode=2)
     router.decode[0].faults.append("error")
