@@ -346,10 +346,13 @@ def _deployment(
         )
         return
     from agentkv_server.bench.engines import local_engines
+    from agentkv_server.bundle.model import min_kv_cache_gib
 
     model = args.model or plan.model
+    # A long-context test model gets more KV cache than asked for (StackConfig).
+    kv_cache_gib = max(plan.kv_cache_gib, min_kv_cache_gib(model))
     print(
-        f"starting a prefill and a decode engine ({model}, {plan.kv_cache_gib} GiB of KV cache "
+        f"starting a prefill and a decode engine ({model}, {kv_cache_gib} GiB of KV cache "
         f"each); logs in {out_dir}",
         file=sys.stderr,
     )

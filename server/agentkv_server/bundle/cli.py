@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
-    if note := stack.config.shared_cores_note():
-        print(f"agentkv serve: note: {note}")
+    for note in (stack.config.shared_cores_note(), stack.config.kv_cache_note()):
+        if note:
+            print(f"agentkv serve: note: {note}")
     print(f"agentkv serve: starting {args.prefill} prefill + {args.decode} decode engines ...")
     try:
         stack.start(timeout=args.start_timeout)

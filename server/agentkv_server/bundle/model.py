@@ -2,10 +2,15 @@
 
 ``--model`` is a model directory, the real default model ``smollm2`` (SmolLM2-135M-Instruct,
 converted from an installed package: packaged_model.py), or a random-weight *test model*
-(``tiny``, ``small``): a Llama with seeded random weights and a locally trained tokenizer,
-which starts fast and exercises the KV path, but whose words are noise. Test models are built
-on first use into the model cache (model_cache.py) and reused afterwards; nothing large is
-committed.
+(``tiny``, ``tiny-long``, ``small``): a Llama with seeded random weights and a locally trained
+tokenizer, which starts fast and exercises the KV path, but whose words are noise. Test models
+are built on first use into the model cache (model_cache.py) and reused afterwards; nothing
+large is committed.
+
+``tiny-long`` is ``tiny`` with a 131,072-token context (same weights, same tokenizer: only
+``max_position_embeddings`` grows), for long agent histories. One full-length sequence of it
+needs 1 GiB of fp32 KV cache, so engines serving it get more than the usual 1 GiB
+(``min_kv_cache_gib``; docs/engines.md, "Long histories").
 
 The weights use the usual 0.02-std init. Measured on the tiny preset at 2k tokens of context
 (docs/engines.md): a wrong KV prefix moves the top-5 first-token logprobs by ~0.9 nats, bf16
@@ -34,6 +39,7 @@ from agentkv_server.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MODEL",
+    "GIB",
     "MODEL_NAMES",
     "PRESETS",
     "Dtype",
@@ -43,6 +49,8 @@ __all__ = [
     "cache_dir",
     "ensure_model",
     "is_test_model",
+    "min_kv_cache_gib",
+    "preset_of",
     "resolve_model",
     "tool_call_logit_bias",
 ]
@@ -53,6 +61,9 @@ BUILDER_VERSION = 1
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
+
+GIB = 1 << 30
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -74,11 +85,28 @@ class ModelPreset:
     def served_name(self) -> str:
         return f"agentkv-{self.name}"
 
+    def kv_bytes_per_token(self, dtype: Dtype = "float32") -> int:
+        """KV cache one token takes on an engine (keys and values of every layer), with the
+        KV cache in the model's dtype (vLLM's default)."""
+        head_dim = self.hidden_size // self.num_heads
+        return 2 * self.num_layers * self.num_kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+    def min_kv_cache_gib(self, dtype: Dtype = "float32") -> int:
+        """The least whole GiB of KV cache per engine that holds one sequence of the full
+        context. vLLM refuses to start an engine whose KV cache cannot hold one, and it holds
+        one block back, so exactly the sequence's size is not enough: strictly more."""
+        return self.kv_bytes_per_token(dtype) * self.max_position_embeddings // GIB + 1
+
 
 # Random-weight test models: fast to start, words are noise.
 PRESETS: dict[str, ModelPreset] = {
     # ~4.5M parameters: starts fast, for the tests.
     "tiny": ModelPreset("tiny", 256, 4, 4, 4, 768, 4096, tie_embeddings=True),
+    # tiny with a 131,072-token context, for long agent histories: the same weights (the
+    # context is no weight), 8 KiB of fp32 KV per token, so 1 GiB per full-length sequence.
+    "tiny-long": ModelPreset(
+        "tiny-long", 256, 4, 4, 4, 768, 4096, tie_embeddings=True, max_position_embeddings=131072
+    ),
     # ~100M parameters: prefill cost is visible on a CPU, for measurements.
     "small": ModelPreset("small", 1024, 8, 16, 4, 2560, 8192, tie_embeddings=False),
 }
@@ -125,6 +153,32 @@ def resolve_model(
 def is_test_model(model_dir: Path) -> bool:
     """Whether ``model_dir`` holds a random-weight test model (whose words are noise)."""
     return "preset" in (manifest(model_dir) or {})
+
+
+def preset_of(
+    model: str | Path | None, dtype: Dtype = "float32"
+) -> tuple[ModelPreset, Dtype] | None:
+    """The preset and dtype of ``--model`` (a name, a directory, or None for the default) when
+    it is a random-weight test model: a preset name with ``dtype``, or a directory one was
+    built into, with the dtype it was built in. None for any other model. Builds nothing."""
+    name = str(model or DEFAULT_MODEL)
+    if name in PRESETS:
+        return PRESETS[name], dtype
+    if name in PACKAGED_MODELS:
+        return None
+    built = manifest(Path(name).expanduser()) or {}
+    try:
+        return ModelPreset(**built["preset"]), built.get("dtype", dtype)
+    except (KeyError, TypeError):  # not a test model, or one of another builder's shape
+        return None
+
+
+def min_kv_cache_gib(model: str | Path | None, dtype: Dtype = "float32") -> int:
+    """The least KV cache (whole GiB per engine, ``VLLM_CPU_KVCACHE_SPACE``) that ``--model``
+    needs: room for one full-length sequence of a test model (``ModelPreset.min_kv_cache_gib``),
+    else 1 (the real models' contexts fit in 1 GiB; other directories are the user's to size)."""
+    found = preset_of(model, dtype)
+    return found[0].min_kv_cache_gib(found[1]) if found is not None else 1
 
 
 def tool_call_logit_bias(model_dir: Path, strength: int = 12) -> dict[str, int]:

@@ -29,7 +29,15 @@ from agentkv_server.bundle.launcher import (
     EngineSpec,
     Role,
 )
-from agentkv_server.bundle.model import Dtype, is_test_model, resolve_model, tool_call_logit_bias
+from agentkv_server.bundle.model import (
+    GIB,
+    Dtype,
+    is_test_model,
+    min_kv_cache_gib,
+    preset_of,
+    resolve_model,
+    tool_call_logit_bias,
+)
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
@@ -76,6 +84,8 @@ class StackConfig:
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # clients' keys, for the router
     cpu_cores: tuple[int, ...] | None = None  # None: the cores this process may run on
+    # Each engine's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE), raised to what the model needs
+    # for one full-length sequence (engine_kv_cache_gib).
     kv_cache_gib: int = 1
     port_base: int | None = None
 
@@ -87,6 +97,28 @@ class StackConfig:
     @property
     def available_cores(self) -> tuple[int, ...]:
         return self.cpu_cores or tuple(sorted(os.sched_getaffinity(0)))
+
+    @property
+    def engine_kv_cache_gib(self) -> int:
+        """The KV cache each engine gets on a CPU: ``kv_cache_gib``, or more where the model
+        needs more for one sequence of its full context (``tiny-long``: 2 GiB in fp32), since
+        vLLM refuses to start an engine whose KV cache cannot hold one."""
+        return max(self.kv_cache_gib, min_kv_cache_gib(self.model, self.dtype))
+
+    def kv_cache_note(self) -> str | None:
+        """Why each engine gets more KV cache than ``kv_cache_gib``, when it does."""
+        given = self.engine_kv_cache_gib
+        found = preset_of(self.model, self.dtype)
+        if self.device != "cpu" or given <= self.kv_cache_gib or found is None:
+            return None
+        preset, dtype = found
+        sequence_gib = preset.kv_bytes_per_token(dtype) * preset.max_position_embeddings / GIB
+        return (
+            f"each engine gets {given} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE), not "
+            f"{self.kv_cache_gib}: one {preset.max_position_embeddings}-token sequence of "
+            f"{preset.name} ({dtype}) takes {sequence_gib:.2f} GiB of KV, and vLLM refuses to "
+            "start an engine that cannot hold one"
+        )
 
     def shared_cores_note(self) -> str | None:
         """Why engines on a CPU will share cores, when they must (more engines than cores)."""
@@ -223,7 +255,7 @@ class Stack:
                 host=config.host,
                 device=config.device,
                 cores=cores[i],
-                kv_cache_gib=config.kv_cache_gib,
+                kv_cache_gib=config.engine_kv_cache_gib,
                 engine_args=(
                     (*config.engine_args, *config.prefill_args)
                     if role == "prefill"

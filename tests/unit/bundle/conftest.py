@@ -11,3 +11,9 @@ from agentkv_server.bundle.model import ensure_model
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny test model, built once into a temporary cache."""
     return ensure_model("tiny", root=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_long(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The long-context tiny test model, built once into a temporary cache."""
+    return ensure_model("tiny-long", root=tmp_path_factory.mktemp("long-models"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -92,6 +93,15 @@ def test_build_model_prints_the_model_directory(tmp_path: Path, capsys) -> None:
     assert main(["build-model", "tiny", "--cache-dir", str(tmp_path)]) == 0
     built = Path(capsys.readouterr().out.strip())
     assert built.parent == tmp_path and (built / "config.json").is_file()
+
+
+def test_serve_gives_tiny_long_enough_kv_cache_and_says_so() -> None:
+    config = serve_cli.stack_config(serve_args("--device=cpu", "--model", "tiny-long"))
+    assert config.engine_kv_cache_gib == 2
+    assert "each engine gets 2 GiB of KV cache" in (config.kv_cache_note() or "")
+    parser = argparse.ArgumentParser()
+    serve_cli.configure(parser)
+    assert "(tiny, tiny-long, small)" in " ".join(parser.format_help().split())
 
 
 def test_build_model_refuses_unknown_presets() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,8 +11,12 @@ import pytest
 from agentkv_server.bundle import model as model_module
 from agentkv_server.bundle.model import (
     CHAT_TEMPLATE,
+    GIB,
+    MANIFEST,
     PRESETS,
     ensure_model,
+    min_kv_cache_gib,
+    preset_of,
     resolve_model,
     tool_call_logit_bias,
     training_text,
@@ -118,3 +123,63 @@ def test_tool_call_logit_bias_favours_tokens_that_close_json(tiny: Path) -> None
         "<|im_end|>",
     }
     assert set(bias.values()) == {12}
+
+
+def test_tiny_long_is_tiny_with_a_131072_token_context() -> None:
+    tiny, long = PRESETS["tiny"], PRESETS["tiny-long"]
+    assert long == dataclasses.replace(tiny, name="tiny-long", max_position_embeddings=131072)
+    assert long.served_name == "agentkv-tiny-long"
+
+
+def test_tiny_long_has_tinys_weights_and_tokenizer_and_only_a_longer_context(
+    tiny: Path, tiny_long: Path
+) -> None:
+    """The context is no weight: engines of either model compute the same logits (for prompts
+    that fit both), and only vLLM's max_model_len (from max_position_embeddings) differs."""
+    config, tiny_config = (json.loads((d / "config.json").read_text()) for d in (tiny_long, tiny))
+    assert config.pop("max_position_embeddings") == 131072
+    assert tiny_config.pop("max_position_embeddings") == 16384
+    assert config == tiny_config
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tiny_long / name).read_bytes() == (tiny / name).read_bytes()
+    assert tiny_long.name.startswith("agentkv-tiny-long-float32")
+
+
+def test_kv_bytes_per_token_follow_the_shape_and_dtype() -> None:
+    # layers x KV heads x head dims x (keys, values) x bytes
+    assert PRESETS["tiny"].kv_bytes_per_token("float32") == 4 * 4 * 64 * 2 * 4 == 8 * 1024
+    assert PRESETS["tiny-long"].kv_bytes_per_token("bfloat16") == 4 * 1024
+    assert PRESETS["small"].kv_bytes_per_token("float32") == 8 * 4 * 64 * 2 * 4
+
+
+@pytest.mark.parametrize(
+    ("preset", "dtype", "gib"),
+    [
+        ("tiny", "float32", 1),
+        ("small", "float32", 1),
+        ("small", "bfloat16", 1),
+        # 131,072 tokens x 8 KiB = exactly 1 GiB, which vLLM refuses (it holds a block back).
+        ("tiny-long", "float32", 2),
+        ("tiny-long", "bfloat16", 1),  # 0.5 GiB
+    ],
+)
+def test_each_preset_asks_for_the_least_kv_cache_that_holds_a_full_length_sequence(
+    preset: str, dtype, gib: int
+) -> None:
+    spec = PRESETS[preset]
+    sequence = spec.kv_bytes_per_token(dtype) * spec.max_position_embeddings
+    assert spec.min_kv_cache_gib(dtype) == gib == min_kv_cache_gib(preset, dtype)
+    assert (gib - 1) * GIB <= sequence < gib * GIB
+
+
+def test_min_kv_cache_gib_of_other_models_and_of_a_built_test_models_directory(
+    tmp_path: Path,
+) -> None:
+    assert min_kv_cache_gib(None) == min_kv_cache_gib("smollm2") == 1
+    assert min_kv_cache_gib(str(tmp_path)) == 1  # a directory without agentkv's manifest
+    built = {"preset": dataclasses.asdict(PRESETS["tiny-long"]), "dtype": "float32"}
+    (tmp_path / MANIFEST).write_text(json.dumps(built))
+    assert preset_of(tmp_path, "bfloat16") == (PRESETS["tiny-long"], "float32")
+    assert min_kv_cache_gib(tmp_path, dtype="bfloat16") == 2  # the dtype it was built in
+    (tmp_path / MANIFEST).write_text(json.dumps({"preset": {"unknown": 1}}))
+    assert preset_of(tmp_path) is None and min_kv_cache_gib(tmp_path) == 1

@@ -118,6 +118,33 @@ def test_plan_for_a_router_started_elsewhere_as_bench_runs_it(tmp_path: Path) ->
     assert decode.command()[-2:] == ["--max-model-len", "4096"]
 
 
+def test_a_long_context_test_model_gets_kv_cache_for_a_full_length_sequence(
+    tiny_long: Path,
+) -> None:
+    """tiny-long's 131,072 tokens take 1 GiB of fp32 KV: vLLM would refuse the default 1 GiB."""
+    config = StackConfig(model=str(tiny_long), log_dir=tiny_long, router=False)
+    assert (config.kv_cache_gib, config.engine_kv_cache_gib) == (1, 2)
+    specs = Stack(config).plan()
+    assert {spec.environment({})["VLLM_CPU_KVCACHE_SPACE"] for spec in specs} == {"2"}
+    note = config.kv_cache_note()
+    assert note is not None
+    assert "2 GiB of KV cache" in note and "131072-token sequence of tiny-long" in note
+
+
+def test_kv_cache_is_raised_only_where_the_model_needs_it() -> None:
+    assert StackConfig(model="tiny-long").engine_kv_cache_gib == 2  # by name, nothing built
+    assert StackConfig(model="tiny-long", dtype="bfloat16").engine_kv_cache_gib == 1
+    assert StackConfig(model="tiny-long", kv_cache_gib=4).engine_kv_cache_gib == 4
+    for config in (
+        StackConfig(model="tiny-long", kv_cache_gib=4),
+        StackConfig(model="tiny-long", device="cuda"),  # no VLLM_CPU_KVCACHE_SPACE on a GPU
+        StackConfig(model="tiny"),
+        StackConfig(),
+    ):
+        assert config.kv_cache_note() is None
+    assert StackConfig(model="tiny").engine_kv_cache_gib == 1
+
+
 def test_client_environment_carries_the_test_models_logit_bias(tiny: Path) -> None:
     stack = Stack(StackConfig(model=str(tiny), port=8123))
     stack.plan()
