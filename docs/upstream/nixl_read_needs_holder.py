@@ -1,11 +1,13 @@
-"""Minimal reproduction: a NIXL READ that carries a notification completes only while the
-holder's UCX worker makes progress (docs/upstream/nixl-progress.md).
+"""Minimal reproduction: once a NIXL reader has sent the holder a notification, its later READs
+complete only while the holder's UCX worker makes progress (docs/upstream/nixl-progress.md).
 
 Two agents in two processes on one machine, configured as vLLM's NIXL connector configures
-them on a CPU engine (UCX backend, progress thread on, UCX_TLS=self,sm,tcp). The reader reads
-the holder's buffer once (warm), then the holder is frozen (SIGSTOP) and the reader posts the
-same READ twice: without a notification it completes (the bytes move by cma, which needs
-nothing from the holder); with one it stays in progress until the holder runs again.
+them on a CPU engine (UCX backend, progress thread on, UCX_TLS=self,sm,tcp). Each reader (a
+fresh pair) reads the holder's buffer while the holder runs or is frozen (SIGSTOP). The bytes
+move by cma, which needs nothing from the holder, and a pair that has carried no notification
+reads from a frozen holder, the READ that carries the first notification included; every READ
+after a notification waits until the holder runs again. vLLM's pull attaches a notification to
+every READ, so each pair of engines depends on its holder from its first pull on.
 
     UCX_TLS=self,sm,tcp UCX_NET_DEVICES=lo python docs/upstream/nixl_read_needs_holder.py
 """
