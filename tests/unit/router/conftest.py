@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -21,6 +22,24 @@ STUB_COST = {"pull_overhead_s": 0.005}
 PULL_ONLY = {"enabled": False}
 
 MakeRouter = Callable[..., Awaitable[InProcessRouter]]
+Connected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Listen = Callable[[Connected], Awaitable[str]]
+
+
+@pytest.fixture
+async def listen() -> AsyncIterator[Listen]:
+    """``await listen(on_connection)``: the ``http://`` URL of a loopback server that runs
+    ``on_connection`` per connection; every server closes at the test's end."""
+    servers: list[asyncio.base_events.Server] = []
+
+    async def start(on_connection: Connected) -> str:
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture

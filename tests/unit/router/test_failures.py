@@ -63,9 +63,8 @@ def ok(body: bytes = b"{}") -> bytes:
 
 
 @pytest.fixture
-async def peer() -> AsyncIterator[Callable[[Script], Awaitable[str]]]:
+def peer(listen: Callable[..., Awaitable[str]]) -> Callable[[Script], Awaitable[str]]:
     """``await peer(script)``: the URL of an engine that runs ``script`` per connection."""
-    servers = []
 
     async def start(script: Script) -> str:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -76,13 +75,9 @@ async def peer() -> AsyncIterator[Callable[[Script], Awaitable[str]]]:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        return await listen(serve)
 
-    yield start
-    for server in servers:
-        server.close()
+    return start
 
 
 @pytest.fixture

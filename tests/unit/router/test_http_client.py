@@ -75,19 +75,13 @@ class Server:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Server]]]:
-    servers: list[asyncio.base_events.Server] = []
-
+def serve(listen: Callable[..., Awaitable[str]]) -> Callable[[Handler], Awaitable[Server]]:
     async def start(handler: Handler) -> Server:
         server = Server(handler)
-        listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
-        servers.append(listening)
-        server.url = f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}"
+        server.url = await listen(server.serve)
         return server
 
-    yield start
-    for listening in servers:
-        listening.close()
+    return start
 
 
 @pytest.fixture

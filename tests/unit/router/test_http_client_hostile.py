@@ -93,19 +93,13 @@ class Peer:
 
 
 @pytest.fixture
-async def peer() -> AsyncIterator[Callable[[Script], Awaitable[Peer]]]:
-    servers: list[asyncio.base_events.Server] = []
-
+def peer(listen: Callable[..., Awaitable[str]]) -> Callable[[Script], Awaitable[Peer]]:
     async def start(script: Script) -> Peer:
         peer = Peer(script)
-        server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
-        servers.append(server)
-        peer.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        peer.url = await listen(peer.serve)
         return peer
 
-    yield start
-    for server in servers:
-        server.close()
+    return start
 
 
 @pytest.fixture
