@@ -32,6 +32,7 @@ from agentkv import protocol
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
+from agentkv_server.router.placement import Engine
 from agentkv_server.settings import Settings
 from agentkv_server.testing import RedisServer, serve_in_process
 from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
@@ -154,11 +155,11 @@ def router_settings(
 
 
 def one_p_two_d(
-    stack: Stack, second_decode: EngineProcess, prefill: list[str] | None = None
+    stack: Stack, second_decode: EngineProcess, prefill: list[str] | None = None, **options: Any
 ) -> Settings:
     """A router over 1P2D whose health probes run (they bring a suspect engine back)."""
     decode = [second_decode.url, stack.decode[0].url]
-    return router_settings(stack, decode, prefill, health_interval_s=HEALTH_INTERVAL_S)
+    return router_settings(stack, decode, prefill, health_interval_s=HEALTH_INTERVAL_S, **options)
 
 
 def fault_cost_bound(tally: Tally) -> float:
@@ -173,6 +174,15 @@ def assert_serving(*engines: EngineProcess) -> None:
         assert engine.is_running(), f"{engine.url} exited"
         with urllib.request.urlopen(engine.url + "/health", timeout=10) as response:
             assert response.status == 200, f"{engine.url} is not healthy"
+
+
+async def wait_healthy(engine: Engine | None) -> None:
+    """Until the router's health probes bring a resumed engine back."""
+    assert engine is not None
+    deadline = time.monotonic() + 10 * HEALTH_INTERVAL_S
+    while not engine.healthy and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    assert engine.healthy, f"the resumed engine {engine.url}'s health probe never passed"
 
 
 def serve(settings: Settings, store: InMemoryStore | None = None):
@@ -248,6 +258,41 @@ async def test_router_restarted_with_redis_resumes_reuse(
 # module's second decode engine is frozen, then killed.
 
 
+async def test_prefill_engine_frozen_between_turns(
+    stack: Stack,
+    probe: KVProbe,
+    doomed_prefill: EngineProcess,
+    second_decode: EngineProcess,
+    tally: Tally,
+) -> None:
+    """The only P stops (SIGSTOP) between turns: it accepts the next step's connection and
+    answers nothing. Health probes sent as that step starts find it within about a second; the
+    turn and the next are served decode-only; once resumed, P is back in use (a pull)."""
+    conversation = Conversation(probe, tally, seed=550)
+    settings = one_p_two_d(stack, second_decode, [doomed_prefill.url])
+    pid = doomed_prefill.pid
+    assert pid is not None
+    async with serve(settings) as (app, client):
+        await conversation.turn(client)
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                await conversation.turn(client)
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        await wait_healthy(app.state.router.prefill.get(doomed_prefill.url))
+        await conversation.turn(client)
+        metrics = (await client.get("/metrics")).text
+
+    assert tally.all_good(4)
+    # P is back: it pulled the history decode-only turns left on D (``reuse``: P's usage
+    # counted the pulled tokens as cached; a pull that failed would read ``fallback``).
+    assert tally.paths == ["recompute", "fallback", "fallback", "reuse"]
+    assert 'agentkv_engine_errors_total{kind="hang",role="prefill"}' in metrics
+    assert max(tally.seconds[1:3]) <= fault_cost_bound(tally)
+    assert_serving(stack.prefill[0], stack.decode[0], second_decode, doomed_prefill)
+
+
 async def test_prefill_engine_killed_mid_request(
     stack: Stack,
     probe: KVProbe,
@@ -257,9 +302,13 @@ async def test_prefill_engine_killed_mid_request(
 ) -> None:
     """P dies holding a turn's request. P is stopped (SIGSTOP) before the turn is sent and
     killed while the router waits on it, so the kill lands mid-request however fast the
-    machine is. The router serves that turn decode-only, and the next one too (P is gone)."""
+    machine is (the health probes sent with the step are given longer than that, or they would
+    find the stopped P first: test_prefill_engine_frozen_between_turns). The router serves that
+    turn decode-only, and the next one too (P is gone)."""
     conversation = Conversation(probe, tally, seed=500)
-    settings = one_p_two_d(stack, second_decode, [doomed_prefill.url])
+    settings = one_p_two_d(
+        stack, second_decode, [doomed_prefill.url], faults={"liveness_timeout_s": 10 * IN_FLIGHT_S}
+    )
     async with serve(settings) as (_, client):
         await conversation.turn(client)
         pid = doomed_prefill.pid
@@ -304,11 +353,7 @@ async def test_decode_holder_frozen_for_a_minute(
             await asyncio.sleep(max(0.0, FREEZE_S - (time.monotonic() - froze)))
         finally:
             os.killpg(pid, signal.SIGCONT)
-        engine = app.state.router.decode.get(frozen.url)
-        deadline = time.monotonic() + 10 * HEALTH_INTERVAL_S
-        while not engine.healthy and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        assert engine.healthy, "the resumed engine's health probe never passed"
+        await wait_healthy(app.state.router.decode.get(frozen.url))
         await conversation.turn(client)
         metrics = (await client.get("/metrics")).text
 
@@ -317,6 +362,43 @@ async def test_decode_holder_frozen_for_a_minute(
     assert 'agentkv_engine_errors_total{kind="timeout",role="decode"}' in metrics
     assert tally.seconds[1] <= fault_cost_bound(tally)
     assert_serving(stack.prefill[0], stack.decode[0], frozen)
+
+
+async def test_decode_non_holder_frozen(
+    stack: Stack, probe: KVProbe, second_decode: EngineProcess
+) -> None:
+    """The decode engine that holds nothing for a session stops (SIGSTOP). The turns still
+    answer within the bound: a step sent to it is left when the health probes sent with it go
+    unanswered, and the turn decodes on the other engine."""
+    frozen, survivor = second_decode, stack.decode[0]
+    held_tally, fresh_tally = Tally("decode_non_holder_frozen"), Tally("new_session_beside_it")
+    TALLIES.extend([held_tally, fresh_tally])
+    held = Conversation(probe, held_tally, seed=800)
+    fresh = Conversation(probe, fresh_tally, seed=900)
+    store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
+    async with serve(router_settings(stack, decode=[survivor.url]), store) as (_, client):
+        await held.turn(client)  # its KV is held on the survivor
+    pid = frozen.pid
+    assert pid is not None
+    async with serve(one_p_two_d(stack, frozen), store) as (app, client):
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):  # ties between the decode engines rotate: each is picked
+                await fresh.turn(client)
+                await held.turn(client)
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        await wait_healthy(app.state.router.decode.get(frozen.url))
+        metrics = (await client.get("/metrics")).text
+
+    assert held_tally.all_good(3) and fresh_tally.all_good(2)
+    assert held_tally.paths == ["recompute", "reuse", "reuse"]
+    assert 'agentkv_engine_errors_total{kind="hang",role="decode"}' in metrics
+    assert max(held_tally.seconds[1:]) <= fault_cost_bound(held_tally)
+    # The new session has no cold turn before the fault: its first turn is bounded by the
+    # other session's.
+    assert max(fresh_tally.seconds) <= fault_cost_bound(held_tally)
+    assert_serving(stack.prefill[0], survivor, frozen)
 
 
 async def test_decode_engine_killed_between_turns(

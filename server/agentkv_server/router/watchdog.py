@@ -5,10 +5,14 @@ Two checks, both bounded by the router's own deadlines, never by an engine's:
 - :meth:`Watchdog.unanswered`, before a pull is planned: the holder answered within
   ``liveness_cache_s``, or answers ``GET /health`` within ``liveness_timeout_s``. A holder that
   cannot answer would leave P's pull waiting on it; the turn recomputes instead.
-- :meth:`Watchdog.run`, around an engine step: every ``progress_every_s`` it reads the engine's
-  token counters (``GET /metrics``). No answer ``unanswered_probes`` times in a row (frozen or
-  dead) is a ``hang``; counters flat for ``stall_s`` (the engine answers but its core makes no
-  progress) is a ``stall``. Either way the step's connection is closed, which aborts the
+- :meth:`Watchdog.run`, around an engine step. An engine not heard from within
+  ``liveness_cache_s`` is asked ``GET /health`` as the step starts, beside it (the step does not
+  wait for it): ``unanswered_probes`` probes in a row each unanswered within
+  ``liveness_timeout_s`` is a ``hang``, found in about a second rather than after the progress
+  reads below. Then every ``progress_every_s`` it reads the engine's token counters
+  (``GET /metrics``). No answer ``unanswered_probes`` times in a row (frozen or dead) is a
+  ``hang``; counters flat for ``stall_s`` (the engine answers but its core makes no progress)
+  is a ``stall``. Either way the step's connection is closed, which aborts the
   request in vLLM, and the caller serves the turn elsewhere. A non-streamed answer gives no
   sign of life until it is complete, hence reading progress beside it. A read the router
   itself could not make (no free connection) counts neither way.
@@ -80,6 +84,7 @@ class Watchdog:
         return result
 
     async def _watch(self, engine: Engine, task: asyncio.Future[object]) -> None:
+        await self._answers_at_start(engine, task)
         unanswered = 0
         reading: float | None = None
         changed = time.monotonic()
@@ -104,6 +109,27 @@ class Watchdog:
                 reading, changed = now_reading, time.monotonic()
             elif time.monotonic() - changed >= self._settings.stall_s:
                 raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
+
+    async def _answers_at_start(self, engine: Engine, task: asyncio.Future[object]) -> None:
+        """Raise ``hang`` when an engine not heard from lately leaves its health probes
+        unanswered while the step waits: a frozen engine accepts the step's connection and
+        says nothing, and the progress reads would take seconds to tell."""
+        if engine.answered_within(self._settings.liveness_cache_s):
+            return
+        for _ in range(self._settings.unanswered_probes):
+            probe = asyncio.ensure_future(probe_health(self._http, engine, self._liveness_timeout))
+            await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                probe.cancel()
+                return
+            if probe.result() != "timeout":  # it answers, or the step's own failure will tell
+                return
+        raise EngineFailure(
+            engine,
+            "hang",
+            f"no answer to {self._settings.unanswered_probes} health probes in a row "
+            f"({self._settings.liveness_timeout_s:g} s each)",
+        )
 
     async def _progress(self, engine: Engine) -> float | None | _NotAsked:
         now = time.monotonic()

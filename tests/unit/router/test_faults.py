@@ -399,3 +399,53 @@ async def test_pull_without_progress_is_retried_cold_long_before_the_pull_timeou
     assert pull.kv_params["remote_request_id"] and cold.kv_params == cold_prefill_params()
     assert router.state.prefill.engines[0].healthy is True  # the pull stalled, not P
     assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1
+
+
+# Progress reads too far apart to find anything within these tests: only the health probes
+# sent as a step starts can.
+SLOW_PROGRESS = FAST_WATCHDOG | {"faults": FAST_WATCHDOG["faults"] | {"progress_every_s": 30.0}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_frozen_only_prefill_engine_is_found_by_health_probes_as_the_step_starts(
+    make_router, stream
+):
+    """The only P stops (SIGSTOP) between turns: its step is left after two unanswered health
+    probes, not after the progress reads, and the turn is served decode-only."""
+    router = await make_router(**SLOW_PROGRESS)
+    router.prefill[0].frozen = True
+
+    response = await asyncio.wait_for(router.chat(conversation(1, 100), stream=stream), 10)
+    router.prefill[0].frozen = False
+
+    assert response.status_code == 200
+    assert "do_remote_prefill" not in router.decode[0].completions()[0].kv_params
+    assert router.prefill[0].metrics_reads == 0
+    assert router.state.prefill.engines[0].healthy is False
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="prefill"}') == 1
+
+
+async def test_frozen_decode_engine_is_left_for_another_before_its_progress_is_read(make_router):
+    router = await make_router(n_decode=2, **SLOW_PROGRESS)
+    router.decode[0].frozen = True
+
+    response = await asyncio.wait_for(router.chat(conversation(1, 50)), 10)
+    router.decode[0].frozen = False
+
+    assert response.status_code == 200
+    assert len(router.decode[1].completions()) == 1
+    assert router.decode[0].metrics_reads == 0
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="decode"}') == 1
+
+
+async def test_an_engine_that_answers_its_health_probe_is_not_left(make_router):
+    """A slow step on a live engine: the probes beside it pass, the step goes on."""
+    router = await make_router(**SLOW_PROGRESS)
+    router.prefill[0].delay_s = 0.6  # three probe timeouts
+
+    response = await router.chat(conversation(1, 100))
+
+    assert response.status_code == 200
+    assert len(router.prefill[0].completions()) == 1
+    assert "do_remote_prefill" in router.decode[0].completions()[0].kv_params
+    assert router.state.prefill.engines[0].healthy is True
