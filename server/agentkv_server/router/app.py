@@ -1,7 +1,7 @@
 """The router's FastAPI app: OpenAI-compatible endpoints in front of prefill and decode engines.
 
 Routes:
-  POST   /v1/chat/completions, /v1/completions   turns (streamed or not), see orchestrator.py
+  POST   /v1/chat/completions, /v1/completions   turns (streamed or not), see orchestrator/
   POST   /v1/responses                            the same, stateless (formats.py)
   GET    /v1/models                               an engine's model list
   DELETE /v1/sessions/{id}                        end a session, release its KV

@@ -1,6 +1,6 @@
 """What differs between the OpenAI endpoints the router serves, and nothing else.
 
-Chat completions, completions and the Responses API run the same turn (orchestrator.py); they
+Chat completions, completions and the Responses API run the same turn (orchestrator/); they
 differ in their path, their required fields, how a one-token prefill step is asked for, where
 usage names the prompt's and the cached tokens, and how a stream ends. The Responses API is
 served stateless (docs/router.md, "The Responses API"): fields that need responses stored on

@@ -1,9 +1,9 @@
 """Continuing a streamed answer on another decode engine when its engine breaks mid-stream.
 
-Before its first chunk a failed decode step is simply retried elsewhere (orchestrator.py); once
-chunks went to the client the router instead continues the same stream: another decode engine
-recomputes the prompt plus what was already sent and generates only the rest (docs/faults.md,
-"A stream that breaks"). That needs exactly what the client received:
+Before its first chunk a failed decode step is simply retried elsewhere (orchestrator/); once
+chunks went to the client the router instead continues the same stream (orchestrator/relay.py):
+another decode engine recomputes the prompt plus what was already sent and generates only the
+rest (docs/faults.md, "A stream that breaks"). That needs exactly what the client received:
 
 - completions: the generated token ids. The engine is asked for them (vLLM's
   ``return_token_ids``); for a client that did not ask, the id lists are written back as the

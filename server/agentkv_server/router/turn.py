@@ -1,20 +1,20 @@
 """One turn's state as the orchestrator serves it: the client's hints, the KV path, the errors.
 
-A turn's path starts as ``recompute`` and moves at most twice: the plan may choose ``local`` or
-``pull`` (or ``fallback`` when the holder cannot answer), and a planned ``local`` or ``pull``
-that fails becomes ``fallback``. The path's value is its wire name (the ``x-agentkv-kv-path``
-header and the ``path`` label of ``agentkv_turns_total``, docs/protocol.md section 3).
+A turn starts on its plan's path (``recompute`` without a plan): ``local``, ``pull``, or
+``fallback`` when the holder cannot answer. A planned ``local`` or ``pull`` that fails moves once
+more, to ``fallback`` (:meth:`Turn.fall_back`). The path's value is its wire name (the
+``x-agentkv-kv-path`` header and the ``path`` label of ``agentkv_turns_total``, docs/protocol.md
+section 3).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentkv import protocol
 from agentkv_server.router.formats import WireFormat, wire_format
-from agentkv_server.router.sessions import Holding
 
 if TYPE_CHECKING:
     from agentkv_server.router.intake import ClientRequest
@@ -51,18 +51,13 @@ class TurnHints:
 
 @dataclass
 class Turn:
-    """What the router knows about one turn as it goes."""
+    """What the router knows about one turn as it goes (what it planned: ``Plan``)."""
 
     request: ClientRequest
     started: float
-    holding: Holding | None = None
     path: KVPath = KVPath.RECOMPUTE
-    prompt_tokens: int | None = None
     reused_tokens: int = 0
     computed_tokens: int = 0
-    prefill_params: dict[str, Any] | None = None
-    prefill_url: str | None = None
-    """The prefill engine whose KV ``prefill_params`` name (the P of the turn's P/D pair)."""
     failures: list[EngineFailure] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""

@@ -24,7 +24,7 @@ from agentkv_server.router.http_client import (
     HTTPProtocolError,
     Timeout,
 )
-from agentkv_server.router.orchestrator import _blame_broken_stream
+from agentkv_server.router.orchestrator.relay import _blame_broken_stream
 from agentkv_server.router.placement import Engine, EnginePool, HealthMonitor, probe_health
 from agentkv_server.router.upstream import EngineFailure, open_stream, post_json
 from agentkv_server.router.watchdog import Watchdog

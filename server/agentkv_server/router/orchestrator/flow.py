@@ -1,0 +1,147 @@
+"""A turn's flow: plan, then the local step or the P and D steps, then the session's end.
+
+Each step runs through the attempt loop (attempts.py). The turn's path is the plan's until a
+planned reuse does not happen; then it is ``fallback``, set here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.responses import Response
+
+from agentkv_server.router.errors import RouterError
+from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.http_client import HTTPClient
+from agentkv_server.router.intake import ClientRequest
+from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.orchestrator.attempts import Refused, attempt
+from agentkv_server.router.orchestrator.plan import Plan, Planner
+from agentkv_server.router.orchestrator.services import Services
+from agentkv_server.router.orchestrator.steps import DecodeAttempt, PrefillAttempt, Prefilled
+from agentkv_server.router.placement import Engine, EnginePool
+from agentkv_server.router.policy import ReusePolicy
+from agentkv_server.router.turn import KVPath, Turn
+from agentkv_server.router.upstream import EngineFailure
+from agentkv_server.settings import Settings
+
+__all__ = ["Orchestrator"]
+
+logger = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    """Serves turns; one per app, shared by all requests."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        http: HTTPClient,
+        prefill: EnginePool,
+        decode: EnginePool,
+        keeper: HoldingKeeper,
+        policy: ReusePolicy,
+        metrics: RouterMetrics,
+    ) -> None:
+        self._services = Services(settings, http, prefill, decode, keeper, policy, metrics)
+        self._planner = Planner(self._services)
+        # Each prefill/decode pair's KV transfer health; the app records holding reports here.
+        self.pairs = self._services.pairs
+
+    async def serve(self, request: ClientRequest, started: float) -> Response:
+        plan = await self._planner.plan(request)
+        turn = Turn(request, started, path=plan.path)
+        turn.phases["plan"] = time.monotonic() - started
+        avoid: list[Engine] = []
+        if plan.path is KVPath.LOCAL:
+            response = await self._local_step(turn, plan)
+            if response is not None:
+                return await self._after(turn, response)
+            avoid = [plan.holder] if plan.holder is not None else []
+        began = time.monotonic()
+        prefill = PrefillAttempt(self._services, turn, plan)
+        try:
+            prefilled = await attempt(prefill)
+            if _fell_back(plan, prefilled):
+                turn.fall_back()
+            if isinstance(prefilled, Refused):  # only a cold step's refusal is passed back
+                return _passthrough(turn, prefilled.failure)
+        finally:
+            if plan.holding is not None and not (turn.pulls and prefill.pulling):
+                # Not pulled, so it still occupies the holder: free it.
+                self._services.keeper.release_soon([plan.holding])
+            turn.phases["prefill"] = time.monotonic() - began
+        # Without a P step (no P engine left) D computes the prompt itself.
+        response = await self._decode_step(turn, plan, prefilled, avoid)
+        return await self._after(turn, response)
+
+    async def _local_step(self, turn: Turn, plan: Plan) -> Response | None:
+        """The turn on its holder without a P step; None if the holder failed before its first
+        byte (the turn then recomputes elsewhere)."""
+        assert plan.holder is not None and plan.holding is not None
+        step = DecodeAttempt(self._services, turn, plan, holder=plan.holder)
+        served = await attempt(step, tries=1)
+        if served is None:
+            failure = turn.failures[-1]
+            logger.warning(
+                "local turn on %s failed (%s): recomputing", plan.holder.url, failure.kind
+            )
+            return None
+        # The new request holds the history's blocks now (prefix hit): the old lease can go.
+        self._services.keeper.release_soon([plan.holding])
+        return _answer(turn, served)
+
+    async def _decode_step(
+        self, turn: Turn, plan: Plan, prefilled: Prefilled | None, avoid: list[Engine]
+    ) -> Response:
+        step = DecodeAttempt(self._services, turn, plan, prefilled)
+        served = await attempt(step, tries=self._services.settings.decode_attempts, excluded=avoid)
+        if served is None:
+            raise _unservable(turn)
+        return _answer(turn, served)
+
+    async def _after(self, turn: Turn, response: Response) -> Response:
+        request = turn.request
+        if request.hints.session_end and request.session_key is not None:
+            await self._services.keeper.end_soon(request.session_key)
+        return response
+
+
+def _fell_back(plan: Plan, prefilled: Prefilled | Refused | None) -> bool:
+    """Whether a planned reuse did not happen: a local turn came to the P step after all, or
+    no P step pulled the holding."""
+    if plan.path is KVPath.LOCAL:
+        return True
+    pulled = isinstance(prefilled, Prefilled) and prefilled.pulled
+    return plan.path is KVPath.PULL and not pulled
+
+
+def _answer(turn: Turn, served: Response | Refused) -> Response:
+    return _passthrough(turn, served.failure) if isinstance(served, Refused) else served
+
+
+def _passthrough(turn: Turn, refused: EngineFailure) -> Response:
+    """An engine's own 4xx, handed back as it wrote it."""
+    return Response(
+        refused.body,
+        status_code=refused.status or 400,
+        media_type=refused.content_type,
+        headers=turn.headers(),
+    )
+
+
+def _unservable(turn: Turn) -> RouterError:
+    if not turn.failures:
+        return RouterError(
+            503,
+            "No healthy decode engine is available.",
+            type="server_error",
+            code="no_engine_available",
+        )
+    return RouterError(
+        502,
+        f"No engine could serve the request: {turn.failures[-1]}",
+        type="server_error",
+        code="engine_failure",
+    )

@@ -1,0 +1,111 @@
+"""Where a turn's history KV comes from, decided once, before any engine step runs.
+
+The session's holding is taken atomically (a concurrent turn of the same session gets none),
+the holder counts the prompt's new tokens (tokens.py) and the policy chooses ``local``, pull or
+recompute. Local turns and pulls are planned only on a holder that is not known lost since the
+holding was made and that answers now (watchdog.py): a pull from a holder that cannot answer
+would leave P waiting on it, so the turn falls back to recomputing at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from agentkv_server.router.intake import ClientRequest
+from agentkv_server.router.orchestrator.services import Services
+from agentkv_server.router.placement import Engine
+from agentkv_server.router.policy import TurnLoad
+from agentkv_server.router.sessions import Holding
+from agentkv_server.router.tokens import count_prompt_tokens
+from agentkv_server.router.turn import KVPath
+from agentkv_server.router.upstream import EngineFailure
+
+__all__ = ["Plan", "Planner"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a turn sets out to do; what happens instead is the turn's to record."""
+
+    retention_s: float
+    """Seconds the decode engine is asked to keep this turn's KV (the policy's, for a session;
+    0 without one). A step asks for none while the store is out."""
+    path: KVPath = KVPath.RECOMPUTE
+    holding: Holding | None = None
+    """The session's holding, taken for this turn: pulled, continued, or released."""
+    holder: Engine | None = None
+    """The holding's decode engine, when the plan continues on it (``local``) or pulls from it."""
+    prompt_tokens: int | None = None
+    """The prompt's tokens as the holder counted them; None when it was not asked."""
+
+    @property
+    def holder_url(self) -> str | None:
+        """The decode engine the turn prefers (its prefix cache holds the history), if any."""
+        return self.holding.decode_url if self.holding is not None else None
+
+
+class Planner:
+    """Turns a request into its :class:`Plan`."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    async def plan(self, request: ClientRequest) -> Plan:
+        services = self._services
+        key = request.session_key
+        retention_s = services.policy.retention_s(request.hints) if key is not None else 0.0
+        holding = await services.keeper.take(key) if key is not None else None
+        if holding is None:
+            return Plan(retention_s)
+        holder = services.decode.get(holding.decode_url)
+        if holder is not None and not holder.may_serve_holding(holding.issued_at):
+            holder = None
+        prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
+        load = None
+        if holder is not None and prompt_tokens is not None:
+            new_tokens = max(prompt_tokens - holding.num_tokens, 0)
+            load = TurnLoad(new_tokens=new_tokens, holder_running=holder.inflight)
+        decision = services.policy.decide(holding, time.time(), load)
+        logger.debug(
+            "session %s: %s (%s) held=%d new=%s holder_running=%s",
+            key,
+            decision.path,
+            decision.reason,
+            holding.num_tokens,
+            None if load is None else load.new_tokens,
+            None if load is None else load.holder_running,
+        )
+        if decision.path is KVPath.RECOMPUTE:
+            return Plan(retention_s, KVPath.RECOMPUTE, holding, prompt_tokens=prompt_tokens)
+        if holder is None or not await self._answers(holder):
+            # The holder cannot answer: a pull would wait on it.
+            return Plan(retention_s, KVPath.FALLBACK, holding, prompt_tokens=prompt_tokens)
+        return Plan(retention_s, decision.path, holding, holder, prompt_tokens)
+
+    async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
+        """The prompt's tokens on the holder, for the local path's choice; None when the policy
+        does not consider that path or the holder cannot count them."""
+        services = self._services
+        if not services.policy.considers_local:
+            return None
+        try:
+            prompt_tokens = await count_prompt_tokens(
+                services.http, holder, request, request.headers, services.timeouts.tokenize
+            )
+        except EngineFailure as failure:
+            logger.debug("%s: planning without the local path", failure)
+            return None
+        holder.mark_answered()
+        return prompt_tokens
+
+    async def _answers(self, holder: Engine) -> bool:
+        problem = await self._services.watchdog.unanswered(holder)
+        if problem is None:
+            return True
+        logger.warning("holder %s does not answer (%s): recomputing", holder.url, problem)
+        self._services.metrics.record_engine_error(holder.role, problem)
+        return False

@@ -1,0 +1,172 @@
+"""What every step of a turn uses: the engine pools and calls, the keeper, the policy, metrics.
+
+One per orchestrator, shared by all turns. Steps reach engines only through :meth:`Services.post`
+and :meth:`Services.open_stream`, so that every call is counted in flight and runs under the
+watchdog, and report each failed call to :meth:`Services.note_failure`, which blames the engine
+as failures.py says.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentkv_server import wire
+from agentkv_server.router.failures import LOST, SUSPECT
+from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.http_client import HTTPClient, Timeout
+from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.pairs import PairHealth
+from agentkv_server.router.placement import Engine, EnginePool
+from agentkv_server.router.policy import ReusePolicy
+from agentkv_server.router.turn import Turn
+from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
+from agentkv_server.router.watchdog import Watchdog
+from agentkv_server.settings import Settings, Timeouts
+
+__all__ = ["Services", "StepTimeouts"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepTimeouts:
+    """Each kind of step's deadline, with the connect and pool waits all steps share."""
+
+    prefill: Timeout
+    pull: Timeout
+    decode: Timeout
+    tokenize: Timeout
+
+    @classmethod
+    def of(cls, timeouts: Timeouts) -> StepTimeouts:
+        def step(total_s: float) -> Timeout:
+            return Timeout(total=total_s, connect=timeouts.connect_s, pool=timeouts.pool_s)
+
+        return cls(
+            prefill=step(timeouts.prefill_s),
+            pull=step(min(timeouts.pull_s, timeouts.prefill_s)),
+            decode=step(timeouts.decode_s),
+            tokenize=step(timeouts.tokenize_s),
+        )
+
+
+@dataclass
+class Services:
+    """The router's collaborators as a turn's steps see them."""
+
+    settings: Settings
+    http: HTTPClient
+    prefill: EnginePool
+    decode: EnginePool
+    keeper: HoldingKeeper
+    policy: ReusePolicy
+    metrics: RouterMetrics
+    pairs: PairHealth = field(init=False)
+    """Each prefill/decode pair's KV transfer health; the app records holding reports here."""
+    watchdog: Watchdog = field(init=False)
+    timeouts: StepTimeouts = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.pairs = PairHealth(
+            settings.pairs,
+            metrics=self.metrics,
+            pairs=[(p.url, d.url) for p in self.prefill.engines for d in self.decode.engines],
+        )
+        self.watchdog = Watchdog(self.http, settings.faults, settings.timeouts.health_s)
+        self.timeouts = StepTimeouts.of(settings.timeouts)
+
+    def kept_s(self, retention_s: float) -> float:
+        """The retention to ask for now: none while the store is out, since nothing could
+        record this turn's KV."""
+        return retention_s if self.keeper.keeps_holdings else 0.0
+
+    async def decode_request(
+        self,
+        turn: Turn,
+        engine: Engine,
+        body: dict[str, Any],
+        prefill_params: dict[str, Any] | None,
+        retention_s: float,
+    ) -> tuple[dict[str, Any], str | None]:
+        """``body`` as a decode step on ``engine`` sends it, and the ticket of the holding it is
+        to keep: D's params are P's (None: D computes the prompt itself), the retention and the
+        ticket."""
+        ticket = await self._issue_ticket(turn, engine, retention_s)
+        hints = self.policy.sends_hints
+        params = wire.decode_params(
+            prefill_params,
+            retention_s=retention_s if hints else None,
+            ticket=ticket if hints else None,
+        )
+        if not params:
+            return body, ticket
+        return {**body, wire.KV_TRANSFER_PARAMS: params}, ticket
+
+    async def _issue_ticket(self, turn: Turn, engine: Engine, retention_s: float) -> str | None:
+        """A ticket when this turn's KV is to be kept for the session's next turn."""
+        key = turn.request.session_key
+        if key is None or retention_s <= 0:
+            return None
+        ticket = await self.keeper.issue(
+            key, engine.url, turn.request.model, retention_s, streamed=turn.request.stream
+        )
+        return ticket.ticket
+
+    async def post(
+        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: Timeout
+    ) -> dict[str, Any]:
+        """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
+        with engine.busy():
+            return await self.watchdog.run(
+                engine,
+                post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
+            )
+
+    async def open_stream(self, turn: Turn, engine: Engine, body: dict[str, Any]) -> DecodeStream:
+        """A decode stream whose first chunk is in, counted in flight until its relay ends."""
+        engine.request_started()
+        try:
+            return await self.watchdog.run(
+                engine,
+                open_stream(
+                    self.http,
+                    engine,
+                    turn.wire.path,
+                    body,
+                    turn.request.headers,
+                    timeout=self.timeouts.decode,
+                    first_chunk_s=self.settings.timeouts.first_token_s,
+                    idle_s=self.settings.faults.stall_s,
+                ),
+            )
+        except BaseException:
+            engine.request_finished()
+            raise
+
+    def note_failure(self, turn: Turn, failure: EngineFailure, *, stalled: bool = False) -> None:
+        """Count a failed step, and blame its engine unless the step ``stalled`` on a pull."""
+        turn.failures.append(failure)
+        if stalled:
+            logger.warning("%s: the pull stalled; recomputing instead", failure)
+            self.metrics.record_engine_error(failure.engine.role, "stall")
+            return
+        self.metrics.record_engine_error(failure.engine.role, failure.kind)
+        failure.engine.record_failure(failure.kind)
+        if failure.kind in SUSPECT or failure.kind in LOST:
+            logger.warning("%s: the engine is down until its health probe passes", failure)
+        else:
+            logger.debug("%s", failure)
+
+    def record_pair(
+        self, source: str | None, engine: Engine, ticket: str | None, params: dict[str, Any] | None
+    ) -> None:
+        """How D's read of P's KV went, from D's returned params: once per ticket (its answer
+        or its holding report, whichever comes first), else for the pair of ``source`` (the P
+        engine D read from; None for a decode-only step) and ``engine``."""
+        if ticket is not None:
+            self.pairs.record_ticket(ticket, params)
+        else:
+            self.pairs.record_params(source, engine.url, params)
