@@ -7,28 +7,43 @@ from typing import Any
 import openai
 from llama_index.llms.openai import OpenAI as LlamaOpenAI
 from llama_index.llms.openai_like import OpenAILike as LlamaOpenAILike
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 import agentkv
 
 __all__ = ["OpenAI", "OpenAILike"]
 
 
-def _tagging_clients(
-    http_client: Any, async_http_client: Any, *, agentkv_body: bool
-) -> dict[str, Any]:
-    # LlamaIndex hands these to every openai client it builds (reused or per call).
-    return {
-        "http_client": agentkv.http_client(
-            http_client or openai.DefaultHttpxClient(), agentkv_body=agentkv_body
-        ),
-        "async_http_client": agentkv.async_http_client(
-            async_http_client or openai.DefaultAsyncHttpxClient(), agentkv_body=agentkv_body
-        ),
-    }
+class _TaggingClients(BaseModel):
+    """What both classes add to LlamaIndex's: ``agentkv_body``, and agentkv's tagging clients
+    as the ``http_client`` / ``async_http_client`` LlamaIndex hands to every openai client it
+    builds (reused or per call). Comes first in their bases, so its ``__init__`` runs first."""
+
+    agentkv_body: bool = Field(default=True, exclude=True)
+    """False sends agentkv's hints as headers only (for servers that reject unknown fields)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        agentkv_body: bool = True,
+        http_client: Any = None,
+        async_http_client: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            *args,
+            agentkv_body=agentkv_body,
+            http_client=agentkv.http_client(
+                http_client or openai.DefaultHttpxClient(), agentkv_body=agentkv_body
+            ),
+            async_http_client=agentkv.async_http_client(
+                async_http_client or openai.DefaultAsyncHttpxClient(), agentkv_body=agentkv_body
+            ),
+            **kwargs,
+        )
 
 
-class OpenAI(LlamaOpenAI):
+class OpenAI(_TaggingClients, LlamaOpenAI):
     """``llama_index.llms.openai.OpenAI`` whose calls inside an agentkv session are tagged.
 
     Takes every argument the LlamaIndex class takes, plus ``agentkv_body`` (False: headers only).
@@ -36,33 +51,7 @@ class OpenAI(LlamaOpenAI):
     openai's defaults) are agentkv's tagging clients.
     """
 
-    agentkv_body: bool = Field(default=True, exclude=True)
 
-    def __init__(
-        self,
-        *args: Any,
-        agentkv_body: bool = True,
-        http_client: Any = None,
-        async_http_client: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        clients = _tagging_clients(http_client, async_http_client, agentkv_body=agentkv_body)
-        super().__init__(*args, agentkv_body=agentkv_body, **clients, **kwargs)
-
-
-class OpenAILike(LlamaOpenAILike):
+class OpenAILike(_TaggingClients, LlamaOpenAILike):
     """``llama_index.llms.openai_like.OpenAILike`` (vLLM and other OpenAI-compatible servers)
     whose calls inside an agentkv session are tagged; arguments as :class:`OpenAI`."""
-
-    agentkv_body: bool = Field(default=True, exclude=True)
-
-    def __init__(
-        self,
-        *args: Any,
-        agentkv_body: bool = True,
-        http_client: Any = None,
-        async_http_client: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        clients = _tagging_clients(http_client, async_http_client, agentkv_body=agentkv_body)
-        super().__init__(*args, agentkv_body=agentkv_body, **clients, **kwargs)

@@ -1,17 +1,22 @@
 """Tool timing from LlamaIndex's instrumentation, fed to the session's next-turn prediction.
 
 Agent workflows (``FunctionAgent``, ``ReActAgent``, ``AgentWorkflow``...) run each tool call in
-their ``call_tool`` step, and every workflow step is an instrumentation span. A span handler on
-the root dispatcher times those spans in the session they run in. Importing
-``agentkv_llamaindex`` registers it.
+a step that takes the call's ``ToolCall`` event, and every workflow step is an instrumentation
+span whose bound arguments are the step's. A span handler on the root dispatcher times the spans
+of steps given a ``ToolCall``, in the session they run in. Importing ``agentkv_llamaindex``
+registers it.
+
+Everything used is LlamaIndex's public API: the span handler interface and the ``ToolCall``
+event of ``llama_index.core.agent.workflow``. (No instrumentation *event* marks a tool call's
+start and end: ``AgentToolCallEvent`` is defined but not dispatched by the agent workflows.)
 """
 
 from __future__ import annotations
 
 import inspect
-import re
-from typing import Any, Final
+from typing import Any
 
+from llama_index.core.agent.workflow import ToolCall
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.span import BaseSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
@@ -22,8 +27,10 @@ from agentkv.adapters import ToolTimer
 
 __all__ = ["ToolSpanTimer"]
 
-# Span ids are "<Class>.<method>-<uuid4>"; agent workflows' tool step is named call_tool.
-_TOOL_STEP_SPAN: Final = re.compile(r"\.call_tool-[0-9a-f-]{36}$")
+
+def _runs_a_tool_call(bound_args: inspect.BoundArguments) -> bool:
+    """Whether a span is a workflow step given a tool call's event (the step that runs it)."""
+    return any(isinstance(value, ToolCall) for value in bound_args.arguments.values())
 
 
 class ToolSpanTimer(BaseSpanHandler[BaseSpan]):
@@ -44,7 +51,7 @@ class ToolSpanTimer(BaseSpanHandler[BaseSpan]):
         tags: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> BaseSpan | None:
-        if not _TOOL_STEP_SPAN.search(id_):
+        if not _runs_a_tool_call(bound_args):
             return None
         # The step runs in a task that copied the run's context: its session is the run's.
         self._timer.start(id_, agentkv.current_session())

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Generic
 
-from agents import Agent, RunContextWrapper, RunHooks, Tool
-from agents.run_context import TContext
+from agents import Agent, RunContextWrapper, RunHooks, TContext, Tool
 
 import agentkv
 from agentkv.adapters import ToolTimer

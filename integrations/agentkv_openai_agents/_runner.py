@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import agents
-from agents import Agent, RunConfig, RunResult, RunResultStreaming, TResponseInputItem
-from agents.memory import Session as MemorySession
-from agents.run import RunOptions
-from agents.run_context import TContext
-from agents.run_state import RunState
+from agents import (
+    Agent,
+    RunConfig,
+    RunResult,
+    RunResultStreaming,
+    RunState,
+    TContext,
+    TResponseInputItem,
+)
+from agents import Session as MemorySession
 from typing_extensions import Unpack
+
+if TYPE_CHECKING:
+    # The one name used here that the SDK's package does not export: the TypedDict of
+    # Runner.run's keyword arguments, defined in agents.run_config (and re-exported by
+    # agents.run). Read by type checkers only, so a move in a later SDK version breaks no run.
+    from agents.run_config import RunOptions
 
 import agentkv
 from agentkv.adapters import SessionCache

@@ -12,6 +12,7 @@ import pytest
 from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.process import ManagedProcess, log_tail
 from agentkv_server.errors import EngineError, PortInUseError
+from agentkv_server.testing.conditions import wait_until
 
 # Serves /health on the port in argv[1], after starting a grandchild that would outlive it.
 SERVER = """
@@ -95,6 +96,9 @@ def test_a_process_that_never_gets_healthy_times_out_and_says_so(tmp_path: Path)
     process = server(tmp_path, "import time; print('loading', flush=True); time.sleep(60)")
     process.start()
     try:
+        # Its first line first (a loaded machine can take over a second to start Python), so
+        # that the timeout's message has a log tail to carry.
+        wait_until(lambda: "loading" in process.log_tail(), "started")
         with pytest.raises(EngineError, match="not healthy after 1 s") as failure:
             process.wait_healthy(timeout=1)
         assert "loading" in str(failure.value)

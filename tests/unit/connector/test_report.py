@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from agentkv_server.connector.report import ATTEMPTS, HoldingReporter, KeepAlivePost
+from agentkv_server.testing.conditions import wait_until
 
 
 class Recorder:
@@ -111,6 +112,7 @@ class _Router:
     def __init__(self) -> None:
         seen = self.seen = []
         connections = self.connections = []
+        closed = self.closed = []  # connections this server has closed
         drops = self.drops = []  # answer, then close the connection without saying so
 
         class Handler(BaseHTTPRequestHandler):
@@ -133,7 +135,12 @@ class _Router:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def shutdown_request(self, request: socket.socket) -> None:
+                super().shutdown_request(request)
+                closed.append(request)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/internal/v1/kv-holdings"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -164,18 +171,10 @@ def test_reporter_reconnects_after_the_router_dropped_its_connection() -> None:
     try:
         router.drops.append(True)
         reporter.submit("t1", {})
-        _wait_for(lambda: len(router.seen) == 1)
-        time.sleep(0.1)  # the server has closed its end
+        wait_until(lambda: router.closed, "closed by the router")
         reporter.submit("t2", {})
         reporter.close(timeout=5)
     finally:
         router.stop()
     assert [json.loads(body)["ticket"] for _, body, _ in router.seen] == ["t1", "t2"]
     assert len(router.connections) == 2
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)

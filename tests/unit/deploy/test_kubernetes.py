@@ -3,10 +3,10 @@ command lines that equal what agentkv's launcher runs.
 
 The kustomizations use ``resources`` only (no generators, patches or transformers), so what they
 render is exactly their files' YAML documents: ``load`` reads those, and
-``test_kubectl_kustomize_renders_what_the_tests_check`` holds kubectl to that where it is
-installed. ``kubernetes-validate`` ships each Kubernetes release's OpenAPI schemas as JSON
-Schema; strict mode also refuses fields the API does not know (the API server would drop a
-misspelt ``replica:`` silently).
+``test_kubectl_kustomize_renders_what_the_tests_check`` holds kubectl to that (skipped where
+kubectl is not installed, failed there when ``CI`` is set). ``kubernetes-validate`` ships each
+Kubernetes release's OpenAPI schemas as JSON Schema; strict mode also refuses fields the API does
+not know (the API server would drop a misspelt ``replica:`` silently).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from agentkv_server.bundle import launcher
 from agentkv_server.bundle.launcher import EngineSpec
 from agentkv_server.cli import build_parser
 from agentkv_server.router.cli import settings_from_args
+from agentkv_server.testing.conditions import require_binary
 from agentkv_server.wire import ROUTER_URL_ENV, SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -472,11 +472,16 @@ def test_service_monitors_scrape_existing_ports_with_the_shared_secret(
     }
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.fixture
+def kubectl() -> str:
+    """kubectl's path: a skip without it, a failure where ``CI`` is set (docs/deploy.md)."""
+    return require_binary("kubectl", "install kubectl 1.21 or newer (docs/deploy.md)")
+
+
 @pytest.mark.parametrize("directory", [BASE, MONITORING], ids=["base", "monitoring"])
-def test_kubectl_kustomize_renders_what_the_tests_check(directory: Path) -> None:
+def test_kubectl_kustomize_renders_what_the_tests_check(kubectl: str, directory: Path) -> None:
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=True
     ).stdout
 
     def by_name(resources: list[Resource]) -> dict[str, Resource]:
@@ -495,13 +500,14 @@ def documented_overlay() -> Resource:
     return overlay
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_the_documented_overlay_renders_a_consistent_deployment(tmp_path: Path) -> None:
+def test_the_documented_overlay_renders_a_consistent_deployment(
+    kubectl: str, tmp_path: Path
+) -> None:
     overlay = documented_overlay()
     overlay["resources"] = [os.path.relpath(BASE, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, check=True
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout
     resources = [r for r in yaml.safe_load_all(rendered) if r]
 

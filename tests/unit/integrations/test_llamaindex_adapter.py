@@ -7,10 +7,11 @@ import sys
 
 import httpx
 import pytest
-from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow import FunctionAgent, ToolCall
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.tools import FunctionTool
-from workflows import Context
+from workflows import Context, Workflow, step
+from workflows.events import StartEvent, StopEvent
 
 import agentkv
 import agentkv_llamaindex
@@ -156,3 +157,25 @@ async def test_tool_calls_are_timed_through_instrumentation(
     server.check_tool_loop(server.requests, session_id="timed-run")
     assert [session_id for session_id, _ in timed] == ["timed-run"] * 2  # one per tool call
     assert all(seconds >= 0 for _, seconds in timed)
+
+
+async def test_a_step_given_a_tool_call_is_timed_whatever_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timer knows tool steps by their public ``ToolCall`` event, not by a step's name."""
+    timed: list[str] = []
+    monkeypatch.setattr(agentkv.Session, "record_tool_time", lambda self, s: timed.append(self.id))
+
+    class OwnToolLoop(Workflow):
+        @step
+        async def plan(self, ev: StartEvent) -> ToolCall:
+            return ToolCall(tool_name="add", tool_kwargs={"a": 1, "b": 2}, tool_id="call_1")
+
+        @step
+        async def use_the_tool(self, ev: ToolCall) -> StopEvent:
+            return StopEvent(result=ev.tool_id)
+
+    async with agentkv.session("own-steps"):
+        assert await OwnToolLoop().run() == "call_1"
+
+    assert timed == ["own-steps"]  # the ToolCall step only, not plan

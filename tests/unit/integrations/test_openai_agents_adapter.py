@@ -194,3 +194,13 @@ async def test_callbacks_agentkv_does_not_handle_reach_the_inner_hooks_as_they_a
     assert await hooks.on_something_new(1) == 2
     assert hooks.on_llm_start == inner.on_llm_start
     assert hooks.on_agent_end == inner.on_agent_end
+
+
+def test_the_run_options_the_runner_reads_are_the_sdks() -> None:
+    """``Runner`` reads ``session``, ``run_config`` and ``hooks`` from a run's keyword arguments
+    by name. The ``agents`` package exports no type of them; their TypedDict, which the adapter
+    imports for type checkers only, is held here to still name all three: a rename in a later
+    SDK would otherwise leave runs silently in new sessions, without their hooks."""
+    from agents.run_config import RunOptions
+
+    assert {"session", "run_config", "hooks"} <= set(RunOptions.__annotations__)

@@ -5,20 +5,20 @@ the router's idle timeout would."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import uvicorn
 
 from agentkv_server.testing import StubCluster, conversation, in_process_router
+from agentkv_server.testing.conditions import eventually
 
 
 async def _serve(app) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: server.started or task.done(), "serving")
+    assert not task.done(), f"uvicorn stopped before it served: {task}"
     port = server.servers[0].sockets[0].getsockname()[1]
     return server, task, f"http://127.0.0.1:{port}"
 
@@ -42,10 +42,7 @@ async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> 
                     first = await anext(answer.aiter_raw())
                     assert first.startswith(b"data: ")
                     assert decode.inflight == 1
-                left = time.monotonic()
-                while decode.inflight and time.monotonic() - left < 5.0:
-                    await asyncio.sleep(0.01)
-                assert decode.inflight == 0
+                await eventually(lambda: decode.inflight == 0, "ended on the engine", timeout_s=5.0)
             finally:
                 server.should_exit = True
                 await serving
