@@ -35,6 +35,7 @@ from agentkv_server.router import InMemoryStore
 from agentkv_server.router.placement import Engine
 from agentkv_server.settings import Settings
 from agentkv_server.testing import RedisServer, serve_in_process
+from agentkv_server.testing.conditions import require
 from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.kills_engines]
@@ -232,13 +233,10 @@ async def test_redis_unreachable_serves_on_by_recompute(
     assert any("serving without it" in message for message in caplog.messages)
 
 
-@pytest.mark.skipif(
-    not RedisServer.available() and not os.environ.get("CI"),
-    reason="redis-server binary not found: scripts/install --dev installs it (CI fails instead)",
-)
 async def test_router_restarted_with_redis_resumes_reuse(
     stack: Stack, probe: KVProbe, tally: Tally
 ) -> None:
+    require(None if RedisServer.available() else "redis-server not found (scripts/install --dev)")
     conversation = Conversation(probe, tally, seed=400)
     with RedisServer() as redis:
         settings = router_settings(stack, redis_url=redis.url)

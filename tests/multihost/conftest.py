@@ -31,6 +31,7 @@ from agentkv_server.bundle.model import resolve_model
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.bundle.stack import core_layout
 from agentkv_server.testing import RedisServer
+from agentkv_server.testing.conditions import require
 from agentkv_server.testing.netns import Host, Network, netns_available, our_leftovers
 from agentkv_server.testing.probe import EngineClient
 from agentkv_server.wire import ROUTER_URL_ENV, SECRET_ENV
@@ -48,16 +49,6 @@ ENGINES: tuple[tuple[str, Role], ...] = (
     ("decode-a", "decode"),
     ("decode-b", "decode"),
 )
-
-
-def require(reason: str | None) -> None:
-    """CI (CI set) runs as root with iproute2 and redis-server: there a missing piece fails the
-    tier; elsewhere the tier is skipped with the reason."""
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
 
 
 @dataclass

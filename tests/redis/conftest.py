@@ -3,24 +3,22 @@ tests that stop and restart it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
 
 from agentkv_server.testing import RedisServer
+from agentkv_server.testing.conditions import require
 
 
 def require_redis_server() -> None:
-    """CI installs redis-server (scripts/install --dev), so there a missing binary fails the
-    tier; a developer without it gets a skip that says how to get it."""
-    if RedisServer.available():
-        return
-    message = "redis-server binary not found: scripts/install --dev installs it (apt)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    """CI installs redis-server (scripts/install --dev): a missing binary fails there."""
+    require(
+        None
+        if RedisServer.available()
+        else "redis-server binary not found: scripts/install --dev installs it (apt)"
+    )
 
 
 @pytest.fixture(scope="session")
