@@ -12,6 +12,7 @@ Each case counts turns sent, succeeded (200) and correct; ``pytest -s`` prints t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -177,6 +178,19 @@ def assert_serving(*engines: EngineProcess) -> None:
             assert response.status == 200, f"{engine.url} is not healthy"
 
 
+@contextlib.contextmanager
+def frozen_engine(engine: EngineProcess) -> Iterator[None]:
+    """The whole engine (API server, core, workers) stopped (SIGSTOP) while the block runs: it
+    accepts connections and answers nothing."""
+    pid = engine.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+
+
 async def wait_healthy(engine: Engine | None) -> None:
     """Until the router's health probes bring a resumed engine back."""
     assert engine is not None
@@ -268,16 +282,11 @@ async def test_prefill_engine_frozen_between_turns(
     turn and the next are served decode-only; once resumed, P is back in use (a pull)."""
     conversation = Conversation(probe, tally, seed=550)
     settings = one_p_two_d(stack, second_decode, [doomed_prefill.url])
-    pid = doomed_prefill.pid
-    assert pid is not None
     async with serve(settings) as (app, client):
         await conversation.turn(client)
-        os.killpg(pid, signal.SIGSTOP)
-        try:
+        with frozen_engine(doomed_prefill):
             for _ in range(2):
                 await conversation.turn(client)
-        finally:
-            os.killpg(pid, signal.SIGCONT)
         await wait_healthy(app.state.router.prefill.get(doomed_prefill.url))
         await conversation.turn(client)
         metrics = (await client.get("/metrics")).text
@@ -340,17 +349,12 @@ async def test_decode_holder_frozen_for_a_minute(
     conversation = Conversation(probe, tally, seed=600)
     async with serve(router_settings(stack, decode=[frozen.url]), store) as (_, client):
         await conversation.turn(client)  # the session's KV is held on the engine to freeze
-    pid = frozen.pid
-    assert pid is not None
     async with serve(one_p_two_d(stack, frozen), store) as (app, client):
-        os.killpg(pid, signal.SIGSTOP)
-        froze = time.monotonic()
-        try:
+        with frozen_engine(frozen):
+            froze = time.monotonic()
             for _ in range(2):  # a recompute, then a reuse from the other engine
                 await conversation.turn(client)
             await asyncio.sleep(max(0.0, FREEZE_S - (time.monotonic() - froze)))
-        finally:
-            os.killpg(pid, signal.SIGCONT)
         await wait_healthy(app.state.router.decode.get(frozen.url))
         await conversation.turn(client)
         metrics = (await client.get("/metrics")).text
@@ -376,16 +380,11 @@ async def test_decode_non_holder_frozen(
     store = InMemoryStore(max_sessions=100, ticket_ttl_s=900.0)
     async with serve(router_settings(stack, decode=[survivor.url]), store) as (_, client):
         await held.turn(client)  # its KV is held on the survivor
-    pid = frozen.pid
-    assert pid is not None
     async with serve(one_p_two_d(stack, frozen), store) as (app, client):
-        os.killpg(pid, signal.SIGSTOP)
-        try:
+        with frozen_engine(frozen):
             for _ in range(2):  # ties between the decode engines rotate: each is picked
                 await fresh.turn(client)
                 await held.turn(client)
-        finally:
-            os.killpg(pid, signal.SIGCONT)
         await wait_healthy(app.state.router.decode.get(frozen.url))
         metrics = (await client.get("/metrics")).text
 

@@ -276,7 +276,20 @@ class AlwaysPolicy(CostModelPolicy):
         return Decision(KVPath.PULL, "always")
 
 
-class UpstreamPolicy:
+class _FixedPolicy:
+    """A policy that learns nothing from the turns it sees."""
+
+    def observe(self, sample: PrefillSample) -> None:
+        return None
+
+    def observe_local(self, new_tokens: int, seconds: float) -> None:
+        return None
+
+    def observe_handoff(self, seconds: float) -> None:
+        return None
+
+
+class UpstreamPolicy(_FixedPolicy):
     """vLLM's example proxy: reuse from 64 held tokens, engines keep KV their fixed 480 s."""
 
     name: PolicyName = "upstream"
@@ -293,17 +306,8 @@ class UpstreamPolicy:
     def retention_s(self, hints: TurnHints) -> float:
         return self.RETENTION_S
 
-    def observe(self, sample: PrefillSample) -> None:
-        return None
 
-    def observe_local(self, new_tokens: int, seconds: float) -> None:
-        return None
-
-    def observe_handoff(self, seconds: float) -> None:
-        return None
-
-
-class NeverPolicy:
+class NeverPolicy(_FixedPolicy):
     """Always recompute, and ask engines to free each turn's KV at once."""
 
     name: PolicyName = "never"
@@ -315,15 +319,6 @@ class NeverPolicy:
 
     def retention_s(self, hints: TurnHints) -> float:
         return 0.0
-
-    def observe(self, sample: PrefillSample) -> None:
-        return None
-
-    def observe_local(self, new_tokens: int, seconds: float) -> None:
-        return None
-
-    def observe_handoff(self, seconds: float) -> None:
-        return None
 
 
 def make_policy(settings: Settings) -> ReusePolicy:
