@@ -7,7 +7,7 @@ bounded (file names and countries are ``enum`` lists, numbers have a range, ``st
 the answer turn is a structured output (``ANSWER_FORMAT``): a 135M model decodes its arguments
 and its answer under them. The system prompt works one whole example through with other names
 and numbers, so what the model copies is the pattern, not the values. docs/integrations.md has
-the measured call rates; scripts/measure_tool_calls.py measures them.
+the measured call rates.
 
 Environment: AGENTKV_BASE_URL (default http://127.0.0.1:8000/v1, what ``agentkv serve`` listens
 on), AGENTKV_MODEL (default: the server's first model), OPENAI_API_KEY (default "-"),

@@ -27,7 +27,7 @@ FIRST_PARTY = {
     "agentkv_langchain",
     "agentkv_llamaindex",
     "agentkv_openai_agents",
-    "_common",  # examples/_common.py: examples and scripts/measure_tool_calls.py share it
+    "_common",  # examples/_common.py: what the examples share
 }
 
 # Where code lives -> the extras that must declare its imports (base dependencies always count).

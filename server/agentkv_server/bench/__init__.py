@@ -4,7 +4,9 @@
 turn, ``decoders`` streams long outputs beside the turns (the concurrency dimension),
 ``modes`` puts a router (or nothing) in front of the engines per mode, ``kvmemory`` and
 ``transfers`` read the engines' metrics, ``stats`` and ``report`` turn the records into
-figures, plots and a markdown summary.
+figures, plots and a markdown summary. ``router`` (``agentkv bench router``, with
+``router_sessions`` and ``processes``) measures what the router itself adds to a turn, on stub
+engines.
 """
 
 from agentkv_server.bench.kvmemory import KVUsage

@@ -1,4 +1,5 @@
-"""``agentkv bench``: run the multi-turn agent workload against every serving mode, side by side.
+"""``agentkv bench``: run the multi-turn agent workload against every serving mode, side by side
+(``--preset long``: instead, each KV path's cost against history length, to 128k tokens).
 
 Three ways to point it at engines:
   (default)                  start a prefill and a decode engine on this machine (CPU) and run
@@ -6,6 +7,9 @@ Three ways to point it at engines:
   --prefill-url/--decode-url engines already running (e.g. on GPUs): bench runs the routers;
   --base-url [MODE=]URL      endpoints already running as they are (a router, or an engine for
                              ``aggregated``): bench only sends traffic.
+
+``agentkv bench router``: what the router itself adds to a turn, on stub engines, beside
+vllm-router (``agentkv bench router --help``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ import httpx
 from tqdm import tqdm
 
 from agentkv_server import wire
+from agentkv_server.bench import router as router_bench
 from agentkv_server.bench.modes import MODES, Deployment, ModeName, parse_base_urls, serve_mode
+from agentkv_server.bench.paths import (
+    PathSweep,
+    is_path_sweep,
+    model_kv_bytes_per_token,
+    sweep_paths,
+    write_path_report,
+)
 from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.report import MARKDOWN_NAME, write_report
 from agentkv_server.bench.runner import Runner, RunRecords, Target
@@ -47,6 +59,23 @@ __all__ = ["configure", "run"]
 # Long enough a history that the agentkv router pulls it on the later turns.
 _WARM_UP = Workload(sessions=1, turns=3, history_tokens=(512,), new_tokens=16, output_tokens=4)
 _WARM_UP_VIA: tuple[ModeName, ...] = ("agentkv", "recompute", "aggregated")
+# Seconds one turn (and each router step) may take: a mode's turn, a path sweep's turn (a
+# 128k-token prefill on one CPU core takes minutes).
+_TURN_TIMEOUT_S = 600.0
+_PATH_TURN_TIMEOUT_S = 1800.0
+# Options of the mode comparison that the path sweep has no use for.
+_MODES_ONLY = (
+    "sessions",
+    "turns",
+    "tool_latency",
+    "concurrency",
+    "decoders",
+    "decode_tokens",
+    "repeats",
+    "aggregated_url",
+    "base_url",
+    "metrics_url",
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -102,9 +131,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--model",
-        help="local stack: a model name (default: the preset's, smollm2 for cpu, the tiny "
-        "random-weight test model for quick) or directory; external engines: served model name "
-        "(default: asked from the engine)",
+        help="local stack: a model name (default: the preset's, smollm2 for cpu, tiny-long for "
+        "long, the tiny random-weight test model for quick) or directory; external engines: "
+        "served model name (default: asked from the engine)",
     )
     where.add_argument(
         "--kv-cache-gib",
@@ -167,38 +196,69 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="only render the report of an earlier run's results.json",
     )
     out.add_argument(
-        "--request-timeout", type=float, default=600.0, metavar="S",
-        help="seconds one turn may take before it counts as failed (600)",
+        "--request-timeout", type=float, metavar="S",
+        help=f"seconds one turn may take before it counts as failed ({_TURN_TIMEOUT_S:g}; "
+        f"--preset long: {_PATH_TURN_TIMEOUT_S:g}, for each router step too)",
     )  # fmt: skip
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    other = parser.add_subparsers(
+        dest="bench_command",
+        title="other benchmarks (optional)",
+        metavar="router",
+        help="what the router adds to a turn, on stub engines, beside vllm-router; its own "
+        "options (agentkv bench router --help)",
+    )
+    router_bench.configure(other.add_parser("router"))
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "bench_command", None) == "router":
+        return router_bench.run(args)
     out_dir = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
     try:
-        if args.from_json:
-            result = BenchResult.from_dict(json.loads(args.from_json.read_text()))
-        else:
-            result = _measure(args, _plan(args), out_dir)
+        result = _result(args, out_dir)
     except ConfigError as exc:  # bad options: no traceback
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 2
     except AgentKVServerError as exc:  # engines that would not start
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 1
-    write_report(result, out_dir)
+    if isinstance(result, PathSweep):
+        write_path_report(result, out_dir)
+        return _print_outputs(out_dir, failed=sum(not t.ok for t in result.turns))
+    return _report_modes(result, out_dir)
+
+
+def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep:
+    """An earlier run's results (``--from-json``), else what the preset measures."""
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        return PathSweep.from_dict(data) if is_path_sweep(data) else BenchResult.from_dict(data)
+    plan = _plan(args)
+    if plan.measures == "paths":
+        return _measure_paths(args, plan, out_dir)
+    return _measure(args, plan, out_dir)
+
+
+def _print_outputs(out_dir: Path, *, failed: int) -> int:
+    """The markdown summary on stdout, where the results are and what failed on stderr."""
     print((out_dir / MARKDOWN_NAME).read_text())
     print(f"results: {out_dir.resolve()}", file=sys.stderr)
-    failed = sum(not r.ok for r in result.records)
     if failed:
         print(f"{failed} turn(s) failed; see 'error' in results.json", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _report_modes(result: BenchResult, out_dir: Path) -> int:
+    write_report(result, out_dir)
+    code = _print_outputs(out_dir, failed=sum(not r.ok for r in result.records))
     failed_decodes = sum(d.error is not None for d in result.decodes)
     if failed_decodes:
         print(
             f"{failed_decodes} decoding request(s) failed; see 'decodes' in results.json",
             file=sys.stderr,
         )
-    return 1 if failed or failed_decodes else 0
+    return 1 if code or failed_decodes else 0
 
 
 def _plan(args: argparse.Namespace) -> Preset:
@@ -243,25 +303,83 @@ def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResu
                 plan.workload,
                 setup.tokenizer,
                 on_turn=lambda _: bar.update(),
-                request_timeout_s=args.request_timeout,
+                request_timeout_s=args.request_timeout or _TURN_TIMEOUT_S,
             )
             records = asyncio.run(_run_modes(setup, plan.repeats, runner, bar))
     config = {
-        "command": _command_line(),
-        "preset": args.preset,
-        "workload": json.loads(json.dumps(asdict(plan.workload), default=str)),
+        **_run_config(args, plan),
         "workload_text": _describe_workload(plan.workload),
         "repeats": plan.repeats,
         "modes": list(setup.modes),
         "model": setup.model,
         "deployment": setup.description,
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "duration_s": round(time.time() - started, 1),
+        **_timing(started),
     }
     return BenchResult(
         config, tuple(records.turns), tuple(records.decodes), tuple(records.transfers)
     )
+
+
+def _measure_paths(args: argparse.Namespace, plan: Preset, out_dir: Path) -> PathSweep:
+    """The path sweep (bench/paths.py) on the local stack or the engines given."""
+    _refuse_options_of_modes(args)
+    started = time.time()
+    step_s = args.request_timeout or _PATH_TURN_TIMEOUT_S
+    progress = _no_progress if args.no_progress else _progress_line
+    with _deployment(args, plan, out_dir) as (deployment, tokenizer, model_dir):
+        sweep = sweep_paths(deployment, tokenizer, plan.workload, step_s=step_s, progress=progress)
+        turns = asyncio.run(sweep)
+    w = plan.workload
+    config = {
+        **_run_config(args, plan),
+        "workload_text": (
+            f"one session per history length {', '.join(map(str, w.history_tokens))} tokens, "
+            f"one turn per forced KV path; {w.new_tokens} new and {w.output_tokens} output "
+            "tokens per turn, not streamed"
+        ),
+        "model": deployment.model,
+        "kv_bytes_per_token": model_kv_bytes_per_token(model_dir),
+        "step_timeout_s": step_s,
+        "deployment": _describe_deployment(deployment),
+        **_timing(started),
+    }
+    return PathSweep(config, tuple(turns))
+
+
+def _refuse_options_of_modes(args: argparse.Namespace) -> None:
+    given = [name for name in _MODES_ONLY if getattr(args, name) not in (None, [])]
+    if tuple(args.modes) != MODES:
+        given.append("modes")
+    if given:
+        options = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(
+            f"--preset {args.preset} measures each KV path, not the modes: {options} do not apply"
+        )
+
+
+def _run_config(args: argparse.Namespace, plan: Preset) -> dict[str, object]:
+    """What every results.json says about how it was asked for."""
+    return {
+        "command": _command_line(),
+        "preset": args.preset,
+        "workload": json.loads(json.dumps(asdict(plan.workload), default=str)),
+        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
+
+
+def _timing(started: float) -> dict[str, object]:
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+    }
+
+
+def _progress_line(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def _no_progress(line: str) -> None:
+    return None
 
 
 async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> RunRecords:
@@ -295,15 +413,12 @@ def _setup(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Iterator[_S
     if args.base_url:
         yield _given_endpoints(args)
         return
-    with _deployment(args, plan, out_dir) as (deployment, tokenizer):
+    with _deployment(args, plan, out_dir) as (deployment, tokenizer, _):
 
         def routed(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
             return serve_mode(mode, deployment)
 
-        description = (
-            f"prefill {list(deployment.prefill_urls)}, decode {list(deployment.decode_urls)}, "
-            f"aggregated {list(deployment.aggregated_urls)}"
-        )
+        description = _describe_deployment(deployment)
 
         def warming(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
             # agentkv's own policy continues short follow-ups on the holder, which would leave
@@ -311,6 +426,13 @@ def _setup(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Iterator[_S
             return serve_mode(mode, deployment, policy="always" if mode == "agentkv" else None)
 
         yield _Setup(tuple(args.modes), routed, deployment.model, tokenizer, description, warming)
+
+
+def _describe_deployment(deployment: Deployment) -> str:
+    return (
+        f"prefill {list(deployment.prefill_urls)}, decode {list(deployment.decode_urls)}, "
+        f"aggregated {list(deployment.aggregated_urls)}"
+    )
 
 
 def _given_endpoints(args: argparse.Namespace) -> _Setup:
@@ -328,7 +450,9 @@ def _given_endpoints(args: argparse.Namespace) -> _Setup:
 @contextlib.contextmanager
 def _deployment(
     args: argparse.Namespace, plan: Preset, out_dir: Path
-) -> Iterator[tuple[Deployment, TextTokenizer]]:
+) -> Iterator[tuple[Deployment, TextTokenizer, Path | None]]:
+    """The engines (started here unless given), the tokenizer that sizes prompts, and the
+    model's directory where it is known (the local stack's, or ``--tokenizer``'s)."""
     if args.decode_url:
         if not args.secret:
             raise ConfigError("--decode-url needs --secret (the engines' agentkv_secret)")
@@ -343,6 +467,7 @@ def _deployment(
                 secret=args.secret,
             ),
             load_tokenizer(args.tokenizer),
+            args.tokenizer if args.tokenizer is not None and args.tokenizer.is_dir() else None,
         )
         return
     from agentkv_server.bench.engines import local_engines
@@ -357,7 +482,7 @@ def _deployment(
         file=sys.stderr,
     )
     with local_engines(model, out_dir, kv_cache_gib=plan.kv_cache_gib) as (deployment, model_dir):
-        yield deployment, load_tokenizer(args.tokenizer or model_dir)
+        yield deployment, load_tokenizer(args.tokenizer or model_dir), model_dir
 
 
 def _served_model(url: str) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "DECODER_PROMPT_TOKENS",
     "PRESETS",
     "FileTokenizer",
+    "Measures",
     "Preset",
     "TextTokenizer",
     "ToolLatency",
@@ -38,6 +39,9 @@ __all__ = [
 DECODER_PROMPT_TOKENS = 64
 
 Distribution = Literal["fixed", "exponential", "lognormal", "uniform"]
+# What a preset measures: every serving mode side by side (runner.py), or each KV path's cost
+# against history length (paths.py).
+Measures = Literal["modes", "paths"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,9 @@ class Preset:
     # Each local engine's KV cache: room for what every mode keeps between turns, so that the
     # run compares speed (upstream's fixed 480 s retention fills 1 GiB on the cpu preset).
     kv_cache_gib: int = 1
+    # ``paths``: the workload's histories, new and output tokens shape bench/paths.py's sweep
+    # (one session per history, one turn per KV path); its other fields do not apply.
+    measures: Measures = "modes"
 
     def with_overrides(self, **fields: object) -> Preset:
         """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib``) are
@@ -205,6 +212,21 @@ PRESETS: dict[str, Preset] = {
             concurrency=10,
         ),
         repeats=3,
+    ),
+    "long": Preset(
+        "each KV path's cost against history length, to 128k tokens: one session per history, "
+        "one turn per path (recompute, local, pull, recompute) on the tiny-long model; about "
+        "13 min on 2 CPU cores",
+        Workload(
+            sessions=1,
+            turns=4,
+            history_tokens=(8000, 32000, 64000, 128000),
+            new_tokens=112,  # with the 16-token answer, each follow-up adds one 128-token block
+            output_tokens=16,
+        ),
+        repeats=1,
+        model="tiny-long",  # the tiny test model with a 131,072-token context
+        measures="paths",
     ),
 }
 

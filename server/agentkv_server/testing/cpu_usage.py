@@ -2,8 +2,8 @@
 and which of its processes still live.
 
 Engines lead their own process groups (``ManagedProcess``), so a group is an engine's whole
-process tree: API server, EngineCore and worker. The idle-CPU test and
-``scripts/measure_idle.py`` sample it twice and divide by the time between.
+process tree: API server, EngineCore and worker. The idle-CPU test
+(tests/engine/test_idle_cpu.py) samples it twice and divides by the time between.
 """
 
 from __future__ import annotations

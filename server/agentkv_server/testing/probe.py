@@ -1,10 +1,10 @@
 """Drive one prefill and one decode engine by hand, as the router does (docs/protocol.md
 section 5), with token-id prompts.
 
-The engine tests and ``scripts/measure_reuse.py`` use this to look at the KV path itself, with no
-router policy in between: token-id prompts make every turn's prompt extend the previous turn's
-held tokens exactly. ``logprob_gap`` and ``LOGPROB_TOLERANCE`` are the oracle that decides
-whether reused KV equals recomputed KV (docs/engines.md).
+The engine tests use this to look at the KV path itself, with no router policy in between:
+token-id prompts make every turn's prompt extend the previous turn's held tokens exactly.
+``logprob_gap`` and ``LOGPROB_TOLERANCE`` are the oracle that decides whether reused KV equals
+recomputed KV (docs/engines.md).
 """
 
 from __future__ import annotations

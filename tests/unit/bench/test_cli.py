@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agentkv_server.bench import cli
+from agentkv_server.bench import cli, engines
+from agentkv_server.bench.modes import Deployment
+from agentkv_server.bench.paths import COST_PLOT, EXPECTED_PATH, PathSweep, is_path_sweep
 from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.report import (
     JSON_NAME,
@@ -22,6 +25,7 @@ from agentkv_server.bench.report import (
     TRADE_PLOT,
     TTFT_PLOT,
 )
+from agentkv_server.bench.workload import WordTokenizer
 from agentkv_server.testing import StubCluster, StubEngine, http_reporter
 
 StartEngines = Callable[[StubCluster], Awaitable[tuple[StubEngine, StubEngine]]]
@@ -185,3 +189,91 @@ def test_unreachable_engine_is_reported_without_traceback(
 def test_negative_decoders_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench("--decoders", "-1", "--base-url", "aggregated=http://127.0.0.1:9") == 2
     assert "decoders must be >= 0" in capsys.readouterr().err
+
+
+@pytest.fixture
+def local_stub_stack(
+    stubs: StubThread, router_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """``local_engines`` replaced by the stubs (with a tiny-long config.json as the model's
+    directory); returns the models bench asked it to start."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    config = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 256}
+    (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))
+    started: list[str] = []
+
+    @contextlib.contextmanager
+    def local_engines(model: str, log_dir: Path, **_: object) -> Iterator[tuple[Deployment, Path]]:
+        started.append(model)
+        decode = stubs.engine("decode").url
+        yield (
+            Deployment("stub-model", (stubs.engine("prefill").url,), (decode,), (decode,),
+                       router_port, SECRET),
+            model_dir,
+        )  # fmt: skip
+
+    monkeypatch.setattr(engines, "local_engines", local_engines)
+    monkeypatch.setattr(cli, "load_tokenizer", lambda path: WordTokenizer())
+    return started
+
+
+@pytest.mark.parametrize(("argv", "model"), [([], "tiny-long"), (["--model", "tiny"], "tiny")])
+def test_preset_long_sweeps_each_path_on_the_local_stack(
+    local_stub_stack: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    model: str,
+) -> None:
+    out = tmp_path / "out"
+    code = bench("--preset", "long", "--history-tokens", "300,1200", *argv, "--out", str(out))
+    assert code == 0
+    assert local_stub_stack == [model]
+    data = json.loads((out / JSON_NAME).read_text())
+    assert is_path_sweep(data) and data["config"]["kv_bytes_per_token"] == 8192
+    sweep = PathSweep.from_dict(data)
+    assert [(t.history_tokens, t.forced, t.kv_path) for t in sweep.turns] == [
+        (history, forced, path) for history in (300, 1200) for forced, path in EXPECTED_PATH.items()
+    ]
+    assert all(t.router_cpu_s is not None and t.router_cpu_s > 0 for t in sweep.turns)
+    assert (out / COST_PLOT).is_file()
+    captured = capsys.readouterr()
+    assert "| 1200 | reuse | reuse |" in captured.out
+    assert "history 1200: turn 3/4 reuse -> reuse in" in captured.err  # progress per turn
+
+
+def test_path_sweep_rendered_again_from_json(local_stub_stack: list[str], tmp_path: Path) -> None:
+    bench(
+        "--preset",
+        "long",
+        "--history-tokens",
+        "300",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    again = tmp_path / "again"
+    assert bench("--from-json", str(tmp_path / "run" / JSON_NAME), "--out", str(again)) == 0
+    assert (again / MARKDOWN_NAME).read_text() == (tmp_path / "run" / MARKDOWN_NAME).read_text()
+
+
+def test_preset_long_is_the_path_sweep_on_tiny_long() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    long = cli._plan(parser.parse_args(["--preset", "long"]))
+    assert long.measures == "paths" and long.model == "tiny-long"
+    assert long.workload.history_tokens == (8000, 32000, 64000, 128000)
+    assert cli._plan(parser.parse_args([])).measures == "modes"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--sessions", "2"], "--sessions"), (["--modes", "agentkv"], "--modes"),
+     (["--decoders", "1"], "--decoders"), (["--base-url", "http://127.0.0.1:9"], "--base-url")],
+)  # fmt: skip
+def test_preset_long_refuses_options_of_the_mode_comparison(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench("--preset", "long", *argv) == 2
+    assert f"{named} do not apply" in capsys.readouterr().err

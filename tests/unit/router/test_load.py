@@ -1,7 +1,7 @@
 """A small concurrent load through the in-process router: every turn answered correctly, and the
 session index (and the KV the decode engines keep for it) stays within its bound.
 
-The full-size run with figures is ``python -m agentkv_server.bench.loadtest --sessions 200``.
+The full-size run with figures is ``agentkv bench router --only sessions --concurrency 32``.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_the_handoff_is_a_running_mean():
 
 def test_local_turns_without_new_tokens_keep_the_prior_rate():
     """A session that resends its prompt (a retry) has no new tokens: every local sample is
-    at zero tokens, which fixes no slope. Found by scripts/router_vs_rust.py: every later
+    at zero tokens, which fixes no slope. Found by `agentkv bench router`: every later
     decision divided by zero (HTTP 500 for each of the session's turns)."""
     policy = cost_model()
     for _ in range(5):
