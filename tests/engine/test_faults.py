@@ -108,16 +108,7 @@ class Conversation:
         self._seed = seed
 
     async def turn(self, client: httpx.AsyncClient) -> httpx.Response:
-        body: dict[str, Any] = {
-            "model": self.probe.p.model,
-            "prompt": self.prompt,
-            "max_tokens": OUTPUT,
-            "ignore_eos": True,
-            "temperature": 0,
-            "logprobs": self.probe.top_k,
-            "return_tokens_as_token_ids": True,
-            "return_token_ids": True,
-        }
+        body = self.probe.judged_body(self.prompt, OUTPUT)
         pulled_before = self.probe.p.metric(PULLED)
         self.tally.sent += 1
         began = time.monotonic()

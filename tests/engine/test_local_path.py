@@ -39,16 +39,7 @@ def tokens(seed: int, n: int) -> list[int]:
 async def turn(
     client: httpx.AsyncClient, probe: KVProbe, session: str, prompt: list[int]
 ) -> tuple[httpx.Response, dict[str, Any]]:
-    body = {
-        "model": probe.p.model,
-        "prompt": prompt,
-        "max_tokens": OUTPUT,
-        "ignore_eos": True,
-        "temperature": 0,
-        "logprobs": probe.top_k,
-        "return_tokens_as_token_ids": True,
-        "return_token_ids": True,
-    }
+    body = probe.judged_body(prompt, OUTPUT)
     response = await client.post(
         "/v1/completions", json=body, headers={protocol.HEADER_SESSION_ID: session}
     )

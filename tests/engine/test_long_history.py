@@ -103,16 +103,7 @@ async def turn(
 ) -> tuple[httpx.Response, dict[str, Any], float, int]:
     """One turn through a router of ``settings``: its response, first choice, seconds (the
     whole turn, OUTPUT tokens included) and the tokens P pulled."""
-    body = {
-        "model": probe.p.model,
-        "prompt": prompt,
-        "max_tokens": OUTPUT,
-        "ignore_eos": True,
-        "temperature": 0,
-        "logprobs": probe.top_k,
-        "return_tokens_as_token_ids": True,
-        "return_token_ids": True,
-    }
+    body = probe.judged_body(prompt, OUTPUT)
     pulled = probe.p.metric(PULLED)
     async with serve_in_process(settings, store=store, timeout_s=STEP_S) as (_, client):
         began = time.monotonic()

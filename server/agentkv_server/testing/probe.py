@@ -146,6 +146,21 @@ class KVProbe:
         )
         return prefill, decode
 
+    def judged_body(self, prompt: Sequence[int], output_tokens: int) -> dict[str, Any]:
+        """A completion body for a turn sent through a router whose first token is then judged
+        against :meth:`recomputed_logprobs`: greedy, exactly ``output_tokens`` tokens (so the
+        holding's size is known), the top-k logprobs keyed by token id, the generated ids."""
+        return {
+            "model": self.p.model,
+            "prompt": list(prompt),
+            "max_tokens": output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "logprobs": self.top_k,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+
     def recomputed_logprobs(self, prompt: Sequence[int]) -> dict[str, float]:
         """First-token top-k logprobs of ``prompt`` computed from scratch on P:
         ``prompt_logprobs`` makes vLLM skip every cache, local and external."""
