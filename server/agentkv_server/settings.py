@@ -104,9 +104,11 @@ class FaultSettings(_Frozen):
     recompute, never a pull P would wait on. While an engine step runs, the router reads the
     engine's progress (``GET /metrics`` token counters) every ``progress_every_s``; the step is
     hung when ``unanswered_probes`` reads in a row get no answer (a frozen or dead engine) or the
-    counters stay flat for ``stall_s`` (a blocked engine core). A hung step is aborted (its
-    connection closed, which aborts the request in vLLM), the engine is suspect (no new work
-    until a health probe passes) and the turn is served elsewhere.
+    counters stay flat for ``stall_s`` (a blocked engine core). A stream already passed on that
+    is silent for ``progress_every_s`` asks ``GET /health`` (``liveness_timeout_s`` each), and
+    ``unanswered_probes`` unanswered in a row end it (it is then continued elsewhere). A hung
+    step is aborted (its connection closed, which aborts the request in vLLM), the engine is
+    suspect (no new work until a health probe passes) and the turn is served elsewhere.
     """
 
     liveness_timeout_s: float = Field(0.5, gt=0, description="a holder's GET /health before a pull")
@@ -115,7 +117,10 @@ class FaultSettings(_Frozen):
     )
     progress_every_s: float = Field(2.0, gt=0, description="progress reads while a step runs")
     unanswered_probes: int = Field(
-        2, ge=1, description="progress reads in a row without answer that make a step hung"
+        2,
+        ge=1,
+        description="progress reads (or a silent stream's health probes) in a row without "
+        "answer that make a step hung",
     )
     stall_s: float = Field(
         60.0,

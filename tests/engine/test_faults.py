@@ -453,6 +453,9 @@ async def pull_from_dead_holder(
 STREAMED = 160  # greedy tokens: the stream is frozen after its first, far from its last
 GENERATED = "vllm:generation_tokens_total"
 SETTLE_S = 0.5  # the frozen engine's API server still counts outputs already on their way
+# A frozen stream is left after 2 s of silence and two unanswered 0.5 s health probes; the
+# bound leaves room for a loaded machine and is far below stall_s (60 s), the wait before.
+FROZEN_STREAM_BOUND_S = 15.0
 
 
 @dataclass
@@ -463,6 +466,7 @@ class KilledStream:
     response: httpx.Response
     chunks: list[dict[str, Any]]
     metrics: str
+    after_fault_s: float  # from the kill (or freeze) to the stream's end
 
 
 def freeze_engine_core(engine: EngineProcess) -> list[psutil.Process]:
@@ -486,15 +490,22 @@ async def settled_metric(client: EngineClient, name: str) -> float:
 
 
 async def stream_with_its_decode_engine_killed(
-    stack: Stack, tally: Tally, doomed_decode: EngineProcess, route: str, body: dict[str, Any]
+    stack: Stack,
+    tally: Tally,
+    doomed_decode: EngineProcess,
+    route: str,
+    body: dict[str, Any],
+    *,
+    frozen: bool = False,
 ) -> KilledStream:
     """Send ``body`` streamed to ``route`` through a 1P2D router in front of ``doomed_decode``
-    and another decode engine; SIGKILL ``doomed_decode`` mid-answer and read the whole stream.
+    and another decode engine; SIGKILL ``doomed_decode`` mid-answer (``frozen``: SIGSTOP the
+    whole engine, API server included, until the stream is read) and read the whole stream.
 
     Nothing but this stream runs on ``doomed_decode`` (its own engine, this router's only
     traffic), so its generated-token counter rising proves the stream runs there. The engine's
     core is then frozen and its counter read once settled: fewer tokens than the answer's
-    ``max_tokens`` proves the kill lands mid-stream, whatever the machine's speed.
+    ``max_tokens`` proves the fault lands mid-stream, whatever the machine's speed.
     """
     settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
     doomed = EngineClient(doomed_decode.url, body["model"])
@@ -509,9 +520,16 @@ async def stream_with_its_decode_engine_killed(
         freeze_engine_core(doomed_decode)
         generated = await settled_metric(doomed, GENERATED) - generated_before
         assert 0 < generated < body["max_tokens"], f"{generated} tokens when frozen"
-        doomed_decode.kill()
+        faulted = time.monotonic()
+        if frozen:
+            assert doomed_decode.pid is not None
+            os.killpg(doomed_decode.pid, signal.SIGSTOP)
+        else:
+            doomed_decode.kill()
         response = await streamed
+        after_fault_s = time.monotonic() - faulted
         tally.seconds.append(time.monotonic() - began)
+        doomed_decode.kill()  # a frozen one too: it is the test's own
         tally.paths.append(response.headers.get(protocol.HEADER_KV_PATH))
         metrics = (await client.get("/metrics")).text
 
@@ -519,7 +537,8 @@ async def stream_with_its_decode_engine_killed(
     tally.succeeded += 1
     events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
-    return KilledStream(response, [json.loads(event) for event in events[:-1]], metrics)
+    chunks = [json.loads(event) for event in events[:-1]]
+    return KilledStream(response, chunks, metrics, after_fault_s)
 
 
 async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
@@ -552,6 +571,40 @@ async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
     tally.correct += 1
     assert "agentkv_streams_resumed_total 1.0" in killed.metrics
     assert_serving(stack.prefill[0], survivor)
+
+
+async def test_decode_engine_frozen_mid_stream_is_continued_within_seconds(
+    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+) -> None:
+    """SIGSTOP the whole decode engine while it streams: the stream falls silent, its health
+    probes go unanswered, and the router continues it on the other engine within seconds, not
+    after ``stall_s`` (60 s) of silence; the client's tokens are an uninterrupted greedy run."""
+    prompt = tokens(950, HISTORY)
+    body: dict[str, Any] = {
+        "model": probe.p.model,
+        "prompt": prompt,
+        "max_tokens": STREAMED,
+        "ignore_eos": True,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream": True,
+    }
+    frozen = await stream_with_its_decode_engine_killed(
+        stack, tally, doomed_decode, "/v1/completions", body, frozen=True
+    )
+
+    got = [t for chunk in frozen.chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
+    uninterrupted = EngineClient(stack.decode[0].url, probe.p.model).complete(
+        prompt, max_tokens=STREAMED, ignore_eos=True, temperature=0, return_token_ids=True
+    )
+    assert got == uninterrupted["choices"][0]["token_ids"]
+    tally.correct += 1
+    assert "agentkv_streams_resumed_total 1.0" in frozen.metrics
+    print(
+        f"\nthe frozen engine's stream went on elsewhere {frozen.after_fault_s:.1f} s after the freeze"
+    )
+    assert frozen.after_fault_s < FROZEN_STREAM_BOUND_S
+    assert_serving(stack.prefill[0], stack.decode[0])
 
 
 async def test_chat_stream_of_a_killed_decode_engine_is_continued(

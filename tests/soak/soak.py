@@ -97,7 +97,7 @@ class SoakConfig:
     oracle_every: int = 4
     same_engine_id: bool = False  # restart under the old NIXL engine id (default: a fresh one)
     turn_timeout_s: float = 300.0
-    # A restart's start on a loaded core: imports took 7.5 min of one (docs/faults.md).
+    # A restarted engine's start, until its health check passes (docs/faults.md).
     restart_s: float = 600.0
     policy: str = "always"  # the router's (always: every pull)
     model: str = "tiny"
@@ -602,7 +602,10 @@ class Soak:
         # same_engine_id restarts it under its old one.
         # Its own log: the killed engine's stays for a post-mortem.
         log_path = victim.spec.log_path.with_stem(f"{victim.name}-{round(at)}s")
-        spec = dataclasses.replace(victim.spec, log_path=log_path)
+        # Its cores bound once it is healthy: its imports would otherwise share a core with the
+        # loaded engines, as a supervisor's restart on a host of its own would not (the
+        # launcher's pin_when_healthy; docs/faults.md).
+        spec = dataclasses.replace(victim.spec, log_path=log_path, pin_when_healthy=True)
         if not self.config.same_engine_id:
             spec = dataclasses.replace(spec, fresh_engine_id=True)
         replacement = EngineProcess(spec)

@@ -9,20 +9,25 @@ on a CPU, its own cores (both default to the same value for every engine otherwi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentkv_server.bundle.chat_template import TOOL_CALL_PARSER
 from agentkv_server.bundle.model_cache import built_dtype
 from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.router.cli import is_loopback
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = [
     "AGENTKV_CONNECTOR",
@@ -79,6 +84,10 @@ ENGINE_FATAL_MARKERS = (
 # engine); each competes with forward passes for the machine's few cores (docs/engines.md).
 _CPU_TRANSFER_DEFAULTS = {"num_threads": 0}
 
+_PIN_PASSES = 3
+
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -103,6 +112,10 @@ class EngineSpec:
     # engine by a new id at a known address, and a pod's restarted container keeps its name,
     # port and address (docs/deploy.md).
     fresh_engine_id: bool = False
+    # Bind ``cores`` only once the engine is healthy: its start (imports, model load) runs on
+    # every core. A restart beside loaded engines that share its cores otherwise imports torch
+    # and vLLM on a busy core, which took 4-10 minutes on 2 cores (docs/faults.md, "Soak").
+    pin_when_healthy: bool = False
 
     @property
     def name(self) -> str:
@@ -161,7 +174,10 @@ class EngineSpec:
             # UCX_NET_DEVICES in ``env`` to name one; docs/deploy.md).
             if is_loopback(self.host):
                 env["UCX_NET_DEVICES"] = "lo"
-            if self.cores is not None:
+            if self.cores is not None and self.pin_when_healthy:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # EngineProcess pins it later
+                env["OMP_NUM_THREADS"] = str(len(parse_cores(self.cores)))
+            elif self.cores is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
         env.update(self.env)
         return env
@@ -198,3 +214,66 @@ class EngineProcess(ManagedProcess):
     def start(self) -> None:
         ensure_ports_free(self.spec.host, [self.spec.port, self.spec.side_channel_port])
         super().start()
+
+    def wait_healthy(self, timeout: float = 300.0) -> None:
+        super().wait_healthy(timeout)
+        if self.spec.pin_when_healthy and self.spec.cores is not None and self.pid is not None:
+            pinned = pin_unplaced_threads(self.pid, parse_cores(self.spec.cores))
+            logger.info("%s: %d threads pinned to cores %s", self.name, pinned, self.spec.cores)
+
+
+def parse_cores(cores: str) -> set[int]:
+    """``"0"``, ``"2-3"``, ``"0,2-3"`` as a set of core ids."""
+    ids: set[int] = set()
+    for part in cores.split(","):
+        first, _, last = part.strip().partition("-")
+        ids.update(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def pin_unplaced_threads(pid: int, cores: set[int]) -> int:
+    """Pin each thread of ``pid``'s process tree that may still run on every core to
+    ``cores``; threads already placed narrower (NIXL's, which upstream puts on the last core)
+    keep their place. Passes repeat while threads appear. Returns the threads pinned."""
+    everywhere = os.sched_getaffinity(0)
+    pinned: set[int] = set()
+    for _ in range(_PIN_PASSES):
+        new = {
+            thread.id
+            for process in _process_tree(pid)
+            for thread in _threads(process)
+            if thread.id not in pinned and _affinity(thread.id) == everywhere
+        }
+        if not new:
+            break
+        for thread_id in new:
+            with contextlib.suppress(OSError):  # a thread that has just ended
+                os.sched_setaffinity(thread_id, cores)
+        pinned |= new
+    return len(pinned)
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    import psutil  # with the engine extras, as vLLM's own dependency
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _threads(process: psutil.Process) -> list[Any]:
+    import psutil
+
+    try:
+        return process.threads()
+    except psutil.Error:
+        return []
+
+
+def _affinity(thread_id: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(thread_id)
+    except OSError:
+        return None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Mapping
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from agentkv_server.router import codec
@@ -88,19 +89,59 @@ class DecodeStream:
 
     Waiting for the first chunk before answering the client is what lets the router retry a
     decode that fails early on another engine: nothing has been sent yet.
+
+    A stream silent for ``silence_s`` asks ``unresponsive`` (a health probe) whether its engine
+    still answers: a frozen engine keeps the connection open and says nothing, and waiting
+    ``idle_s`` for it would stall the client for a minute (docs/faults.md). ``probes``
+    unanswered in a row end the stream as a timeout, in seconds; an engine that answers is
+    waited for up to ``idle_s`` of silence (a busy core, a long prefill in its batch).
     """
 
-    def __init__(self, response: HTTPResponse, first: bytes, idle_s: float) -> None:
+    def __init__(
+        self,
+        response: HTTPResponse,
+        first: bytes,
+        idle_s: float,
+        *,
+        unresponsive: Callable[[], Awaitable[bool]] | None = None,
+        silence_s: float = math.inf,
+        probes: int = 2,
+    ) -> None:
         self._response = response
         self._first = first
         self._idle_s = idle_s
+        self._unresponsive = unresponsive
+        self._silence_s = silence_s
+        self._probes = probes
         self.content_type = response.headers.get("content-type", "text/event-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The chunks; asyncio.TimeoutError when none comes for ``idle_s`` (a stuck engine)."""
+        """The chunks; asyncio.TimeoutError when none comes for ``idle_s``, or sooner when the
+        engine leaves its health probes unanswered (a stuck engine)."""
         yield self._first
-        while chunk := await self._response.readany(self._idle_s):
+        while chunk := await self._next_chunk():
             yield chunk
+
+    async def _next_chunk(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        silent_until = loop.time() + self._idle_s
+        wait = self._silence_s if self._unresponsive is not None else self._idle_s
+        unanswered = 0
+        while True:
+            try:
+                return await self._response.readany(min(wait, max(silent_until - loop.time(), 0)))
+            except asyncio.TimeoutError:
+                if loop.time() >= silent_until or self._unresponsive is None:
+                    raise
+            if await self._unresponsive():
+                unanswered += 1
+                if unanswered >= self._probes:
+                    raise asyncio.TimeoutError(
+                        f"no chunk, and {unanswered} health probes in a row unanswered"
+                    )
+                wait = 0.0  # probe again at once, unless a chunk came meanwhile
+            else:
+                unanswered, wait = 0, self._silence_s
 
     def close(self) -> None:
         self._response.release()
@@ -116,10 +157,14 @@ async def open_stream(
     timeout: Timeout,
     first_chunk_s: float,
     idle_s: float,
+    unresponsive: Callable[[], Awaitable[bool]] | None = None,
+    silence_s: float = math.inf,
+    probes: int = 2,
 ) -> DecodeStream:
     """POST a streaming request and wait for its first chunk, at most ``first_chunk_s`` from
     the request's start (its wait for a connection included); later chunks may be at most
-    ``idle_s`` apart."""
+    ``idle_s`` apart, or ``silence_s`` while ``unresponsive`` says the engine answers (see
+    :class:`DecodeStream`)."""
     loop = asyncio.get_running_loop()
     first_by = loop.time() + first_chunk_s
     late = f"no first chunk within {first_chunk_s:g}s"
@@ -146,7 +191,9 @@ async def open_stream(
     if not first:
         response.release()
         raise EngineFailure(engine, "stream", "stream ended before its first chunk")
-    return DecodeStream(response, first, idle_s)
+    return DecodeStream(
+        response, first, idle_s, unresponsive=unresponsive, silence_s=silence_s, probes=probes
+    )
 
 
 async def _read_by(response: HTTPResponse, by: float) -> bytes:

@@ -13,7 +13,10 @@ Two checks, both bounded by the router's own deadlines, never by an engine's:
   (``GET /metrics``). No answer ``unanswered_probes`` times in a row (frozen or dead) is a
   ``hang``; counters flat for ``stall_s`` (the engine answers but its core makes no progress)
   is a ``stall``. Either way the step's connection is closed, which aborts the
-  request in vLLM, and the caller serves the turn elsewhere. A non-streamed answer gives no
+  request in vLLM, and the caller serves the turn elsewhere.
+- :meth:`Watchdog.unresponsive`, for a stream already passed on: silent for ``progress_every_s``,
+  it asks ``GET /health``; ``unanswered_probes`` unanswered in a row end the stream, which is
+  then continued on another engine (relay.py). A non-streamed answer gives no
   sign of life until it is complete, hence reading progress beside it. A read the router
   itself could not make (no free connection) counts neither way.
 """
@@ -68,6 +71,11 @@ class Watchdog:
         if problem is not None and problem != "router":
             engine.mark_suspect()
         return problem
+
+    async def unresponsive(self, engine: Engine) -> bool:
+        """Whether ``engine`` leaves a health probe unanswered within ``liveness_timeout_s``
+        (frozen); asked by a stream that went silent (upstream.DecodeStream)."""
+        return await probe_health(self._http, engine, self._liveness_timeout) == "timeout"
 
     async def run(self, engine: Engine, step: Awaitable[T]) -> T:
         """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing."""

@@ -111,6 +111,7 @@ class StubEngine:
     faults: list[Fault] = field(default_factory=list)
     frozen: bool = False
     stall_after_chunks: int | None = None  # a stream stops (and hangs) after this many chunks
+    freeze_after_chunks: int | None = None  # the engine freezes (as SIGSTOP) mid-stream
     # A stream's connection drops (as its process is killed) after this many chunks; with
     # ``cut_cleanly`` the stream ends properly there instead, without its last chunks.
     cut_after_chunks: int | None = None
@@ -326,6 +327,9 @@ class StubEngine:
         for index, event in enumerate(events):
             if index == self.stall_after_chunks:
                 await asyncio.sleep(3600)  # the client's deadline ends it
+            if index == self.freeze_after_chunks:
+                self.frozen = True  # nothing answers, health probes included
+                await self._thaw()
             if index == self.cut_after_chunks:
                 self.cut_after_chunks = None  # once: a continuation here is served whole
                 if not self.cut_cleanly:

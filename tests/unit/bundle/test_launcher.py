@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from agentkv_server.bundle.launcher import (
     AGENTKV_CONNECTOR,
     NIXL_CONNECTOR,
     ConnectorSpec,
     EngineSpec,
+    parse_cores,
+    pin_unplaced_threads,
 )
 
 
@@ -129,3 +136,46 @@ def test_engines_on_other_hosts_on_the_same_port_have_different_ids() -> None:
         for host in ("10.77.0.5", "10.77.0.6")
     }
     assert ids == {"decode-10.77.0.5-8200", "decode-10.77.0.6-8200"}
+
+
+def test_an_engine_pinned_when_healthy_starts_unbound_with_its_thread_count() -> None:
+    env = spec(cores="2-3", pin_when_healthy=True).environment(base={})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["OMP_NUM_THREADS"] == "2"
+
+
+def test_parse_cores() -> None:
+    assert parse_cores("1") == {1}
+    assert parse_cores("0,2-3") == {0, 2, 3}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell apart")
+def test_unplaced_threads_of_the_whole_tree_are_pinned_and_placed_ones_kept() -> None:
+    """A process with a child: every thread that may run anywhere is pinned; a thread already
+    narrowed (as NIXL's are by upstream) keeps its place."""
+    cores = sorted(os.sched_getaffinity(0))
+    script = (
+        "import os, subprocess, sys, threading, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "def placed():\n"
+        f"    os.sched_setaffinity(0, {{{cores[-1]}}}); time.sleep(60)\n"
+        "threading.Thread(target=placed, daemon=True).start()\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print(child.pid, flush=True); time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        child = int(process.stdout.readline())
+        tree = [process.pid, child]
+        threads = [int(t) for pid in tree for t in os.listdir(f"/proc/{pid}/task")]
+
+        pinned = pin_unplaced_threads(process.pid, {cores[0]})
+
+        affinities = sorted(tuple(sorted(os.sched_getaffinity(t))) for t in threads)
+        assert pinned == len(threads) - 1
+        assert affinities.count((cores[0],)) == len(threads) - 1
+        assert affinities.count((cores[-1],)) == 1
+    finally:
+        process.kill()
+        process.wait()

@@ -361,6 +361,25 @@ async def test_stream_that_stops_midway_is_continued_after_the_stall_deadline(ma
     assert router.state.decode.engines[0].healthy is False
 
 
+async def test_stream_of_an_engine_frozen_midway_is_continued_long_before_the_stall_deadline(
+    make_router,
+):
+    """Frozen (as SIGSTOP) after two chunks: its silent stream's health probes go unanswered,
+    so the stream goes on elsewhere in about a second, not after ``stall_s``."""
+    slow_stall = FAST_WATCHDOG | {"faults": FAST_WATCHDOG["faults"] | {"stall_s": 60.0}}
+    router = await make_router(n_decode=2, **slow_stall)
+    router.decode[0].freeze_after_chunks = 2
+
+    response = await asyncio.wait_for(router.chat(conversation(1, 50), stream=True), 10)
+    router.decode[0].frozen = False
+
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 5 and response.text.endswith("data: [DONE]\n\n")
+    assert len(router.decode[1].completions()) == 1
+    assert await router.metric("agentkv_streams_resumed_total") == 1
+    assert router.state.decode.engines[0].healthy is False
+
+
 async def test_stream_that_stops_midway_ends_when_no_engine_can_continue_it(make_router):
     router = await make_router(**FAST_WATCHDOG)
     router.decode[0].stall_after_chunks = 2

@@ -8,6 +8,7 @@ as failures.py says.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,7 @@ class Services:
     async def open_stream(self, turn: Turn, engine: Engine, body: dict[str, Any]) -> DecodeStream:
         """A decode stream whose first chunk is in, counted in flight until its relay ends."""
         engine.request_started()
+        faults = self.settings.faults
         try:
             return await self.watchdog.run(
                 engine,
@@ -139,7 +141,10 @@ class Services:
                     turn.request.headers,
                     timeout=self.timeouts.decode,
                     first_chunk_s=self.settings.timeouts.first_token_s,
-                    idle_s=self.settings.faults.stall_s,
+                    idle_s=faults.stall_s,
+                    unresponsive=functools.partial(self.watchdog.unresponsive, engine),
+                    silence_s=faults.progress_every_s,
+                    probes=faults.unanswered_probes,
                 ),
             )
         except BaseException:
