@@ -34,6 +34,7 @@ from agentkv_server.errors import ConfigError
 from agentkv_server.wire import ENV_PREFIX
 
 __all__ = [
+    "CapacitySettings",
     "CostModelSettings",
     "FaultSettings",
     "LocalPathSettings",
@@ -161,6 +162,36 @@ class RetentionSettings(_Frozen):
         return self
 
 
+class CapacitySettings(_Frozen):
+    """How much of each decode engine's KV retained holdings may occupy (docs/router.md,
+    "Capacity").
+
+    Each decode engine's capacity is learned from its connector's holding params
+    (``agentkv_kv_cache_tokens``), or ``engine_tokens`` for engines that do not report it.
+    Holdings may fill ``retained_fraction`` of it; the rest is for the turns running there, and a
+    decode step that would not fit beside the holdings makes the least valuable ones go first. A
+    holding with no turn for ``abandon_factor`` times its predicted gap plus ``abandon_slack_s``
+    is abandoned and released.
+    """
+
+    enabled: bool = Field(True, description="False: holdings are bounded by their expiry only")
+    retained_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="share of a decode engine's KV that holdings may occupy; the rest is kept "
+        "for live turns (each needs room for its whole context)",
+    )
+    engine_tokens: int | None = Field(
+        None, gt=0, description="KV capacity of engines that do not report theirs, in tokens"
+    )
+    abandon_factor: float = Field(3.0, ge=1, description="times the predicted gap")
+    abandon_slack_s: float = Field(5.0, ge=0, description="added to the abandon threshold")
+    sweep_s: float = Field(
+        1.0, gt=0, description="how often expired and abandoned holdings are looked for"
+    )
+
+
 class CostModelSettings(_Frozen):
     """Starting rates of the reuse-vs-recompute model; the router refines them as it measures."""
 
@@ -265,6 +296,7 @@ class Settings(_Frozen):
     cost: CostModelSettings = CostModelSettings()
     local: LocalPathSettings = LocalPathSettings()
     pairs: PairSettings = PairSettings()
+    capacity: CapacitySettings = CapacitySettings()
 
     @field_validator("api_keys")
     @classmethod

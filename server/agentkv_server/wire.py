@@ -37,6 +37,8 @@ __all__ = [
     "EXTRA_ROUTER_URL",
     "EXTRA_SECRET",
     "HASH_BLOCK_SIZE",
+    "KV_BYTES_PER_TOKEN",
+    "KV_CACHE_TOKENS",
     "KV_LOAD",
     "KV_LOAD_FAILED",
     "KV_LOAD_FROM",
@@ -93,6 +95,11 @@ EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
 # D -> P (opaque to the router): the retention deadline as Unix time, so that P's scheduler
 # can skip a holding that is gone before it parks the request waiting for it.
 EXPIRES_AT: Final = "agentkv_expires_at"
+# D -> router, in the returned params and the holding report: the engine's whole KV cache in
+# tokens (blocks x block size) and what one token of it occupies in bytes (per worker), from
+# which the router keeps retained KV within a budget (docs/router.md, "Capacity").
+KV_CACHE_TOKENS: Final = "agentkv_kv_cache_tokens"
+KV_BYTES_PER_TOKEN: Final = "agentkv_kv_bytes_per_token"
 # D -> P (opaque to the router): the held prefix's fingerprint (connector/prefix.py).
 BLOCK_HASHES: Final = "agentkv_block_hashes"
 HASH_BLOCK_SIZE: Final = "agentkv_hash_block_size"

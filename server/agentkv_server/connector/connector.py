@@ -57,6 +57,12 @@ class AgentKVConnector(NixlConnector):
                 vllm_config, self.engine_id, kv_cache_config, settings
             )
 
+    def has_pending_block_frees(self) -> bool:
+        """Released or expired holdings about to be freed: a request short of blocks waits for
+        them rather than preempting another (scheduler.py)."""
+        scheduler = self.connector_scheduler
+        return isinstance(scheduler, AgentKVScheduler) and scheduler.has_pending_block_frees()
+
 
 def _prefer_recompute(config: KVTransferConfig) -> None:
     """Turn failed KV loads into recomputes: reuse is an optimisation, never a dependency.

@@ -4,8 +4,9 @@ On a decode engine (D), when a request finishes:
 
 * its blocks are retained for the request's ``agentkv_retention_seconds`` (clamped), not one
   fixed TTL; ``0`` frees them at once;
-* the returned params gain its expiry (``agentkv_expires_in_seconds``, ``agentkv_expires_at``)
-  and a prefix fingerprint of the held tokens (``prefix.py``);
+* the returned params gain its expiry (``agentkv_expires_in_seconds``, ``agentkv_expires_at``),
+  a prefix fingerprint of the held tokens (``prefix.py``) and the engine's KV size
+  (``capacity.py``), from which the router budgets what it keeps retained;
 * with an ``agentkv_ticket``, the params are reported to the router (``report.py``).
 
 On either engine, a request that loaded KV from a remote engine (D reading P's prompt, P
@@ -15,6 +16,8 @@ the worker reported it in ``failed_recving`` and the request computed the prompt
 transfer health from it (docs/router.md, "Pair health").
 
 A request carrying ``agentkv_release`` frees the named retained requests' blocks at once.
+While released or expired blocks wait for the worker to free them (one step), a request that
+finds no room waits for them rather than preempting another (``has_pending_block_frees``).
 
 On a prefill engine (P) pulling a holding, only the longest prefix that its prompt really
 shares with the held tokens is loaded: the matched-token count and the remote block list are
@@ -33,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorS
 from vllm.utils.math_utils import cdiv
 
 from agentkv_server import wire
+from agentkv_server.connector.capacity import capacity_params
 from agentkv_server.connector.idle import IdleBackoff, engine_input_queue, wait_for_input
 from agentkv_server.connector.log import get_logger
 from agentkv_server.connector.params import expires_within, release_ids, retention_seconds
@@ -62,6 +66,9 @@ _PULL_PLANNED = "_remote_blocks_processed"
 # Holdings this close to expiry are not pulled: the same slack upstream's worker leaves for
 # clock error and read latency before it declines a read.
 EXPIRY_MARGIN_SECONDS = 5.0
+# Released or expired blocks are freed on the worker's next step: a free pending longer than
+# this is not counted on (a request that finds no room then preempts, as upstream does).
+PENDING_FREE_SECONDS = 1.0
 # A request whose KV has arrived should run on the next step; this long after, it is reported.
 LOADED_WAIT_WARNING_SECONDS = 2.0
 
@@ -78,8 +85,12 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     ) -> None:
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._settings = settings
+        # The engine's KV size, returned with every holding (the router's budget).
+        self._capacity = capacity_params(kv_cache_config, self.block_size)
         # Finished requests whose blocks this engine retains for a later pull.
         self._retained: set[str] = set()
+        # Their deadlines (perf_counter), for the frees that are pending.
+        self._deadlines: dict[str, float] = {}
         self._reporter = (
             HoldingReporter(
                 settings.report_url,
@@ -249,6 +260,17 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             if load is not None and load.outcome is None:
                 load.outcome = wire.KV_LOAD_FAILED if req_id in failed else wire.KV_LOAD_OK
 
+    def has_pending_block_frees(self) -> bool:
+        """Whether retained blocks released or expired within ``PENDING_FREE_SECONDS`` are not
+        freed yet: vLLM's scheduler then lets a request that found no room wait for them (a
+        step) instead of preempting a running one, whose prefix would be computed again."""
+        now = time.perf_counter()
+        for req_id in [req_id for req_id in self._deadlines if req_id not in self._retained]:
+            del self._deadlines[req_id]
+        return any(
+            0.0 <= now - deadline <= PENDING_FREE_SECONDS for deadline in self._deadlines.values()
+        )
+
     def shutdown(self) -> None:
         if self._reporter is not None:
             self._reporter.close(timeout=self._settings.report_timeout_seconds)
@@ -278,7 +300,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             self._reqs_need_send.pop(req_id, None)
             self._reqs_not_processed.add(req_id)
             return False
-        self._reqs_need_send[req_id] = now + seconds
+        self._reqs_need_send[req_id] = self._deadlines[req_id] = now + seconds
         # Upstream's worker tracks a deadline only for requests it saw in a transfer batch;
         # a decode request that pulled nothing (its prompt was sent to D directly) would
         # otherwise keep its blocks forever. Announcing it again is harmless.
@@ -286,6 +308,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._retained.add(req_id)
         held_tokens = request.all_token_ids[: params.get(wire.REMOTE_NUM_TOKENS) or 0]
         params.update(PrefixFingerprint.of(held_tokens, self.block_size).to_params())
+        params.update(self._capacity)
         return True
 
     def _release(self, req_id: str) -> None:
@@ -293,7 +316,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         if req_id not in self._retained:
             logger.debug("Release of %s ignored: no blocks retained for it", req_id)
             return
-        self._reqs_need_send[req_id] = time.perf_counter()
+        self._reqs_need_send[req_id] = self._deadlines[req_id] = time.perf_counter()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -33,6 +33,7 @@ from agentkv_server.router.auth import (
     AccessPolicy,
     session_key,
 )
+from agentkv_server.router.capacity import CapacityLedger
 from agentkv_server.router.errors import RouterError, install_error_handlers
 from agentkv_server.router.fastpath import FastRoutes
 from agentkv_server.router.formats import Endpoint
@@ -43,7 +44,7 @@ from agentkv_server.router.intake import read_json, read_request
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.orchestrator import Orchestrator
 from agentkv_server.router.placement import EnginePool, HealthMonitor
-from agentkv_server.router.policy import ReusePolicy, make_policy
+from agentkv_server.router.policy import CostModelPolicy, ReusePolicy, make_policy
 from agentkv_server.router.redis_store import RedisStore
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
@@ -66,6 +67,7 @@ class RouterState:
     keeper: HoldingKeeper
     health: HealthMonitor
     orchestrator: Orchestrator
+    ledger: CapacityLedger
 
 
 def create_app(
@@ -120,12 +122,15 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
     )
     prefill = EnginePool("prefill", settings.prefill_urls)
     decode = EnginePool("decode", settings.decode_urls, last_resort=True)
+    ledger = _make_ledger(settings, policy, metrics)
     keeper = HoldingKeeper(
         resilient,
         http,
         safety_margin_s=settings.retention.safety_margin_s,
         release_timeout_s=settings.timeouts.release_s,
         releases_enabled=policy.sends_hints,
+        ledger=ledger,
+        sweep_s=settings.capacity.sweep_s,
     )
     return RouterState(
         settings=settings,
@@ -143,7 +148,30 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
             timeout_s=settings.timeouts.health_s,
         ),
         orchestrator=Orchestrator(settings, http, prefill, decode, keeper, policy, metrics),
+        ledger=ledger,
     )
+
+
+def _make_ledger(settings: Settings, policy: ReusePolicy, metrics: RouterMetrics) -> CapacityLedger:
+    """The capacity ledger; it sheds holdings only where the policy can release them."""
+    capacity = settings.capacity
+    if not policy.sends_hints:
+        capacity = capacity.model_copy(update={"enabled": False})
+    return CapacityLedger(
+        capacity,
+        metrics,
+        default_gap_s=settings.retention.default_s,
+        prefill_s_per_token=_prefill_rate(settings, policy),
+    )
+
+
+def _prefill_rate(settings: Settings, policy: ReusePolicy) -> Callable[[], float]:
+    """The policy's fitted seconds per prefilled token; the prior where it fits none."""
+    if isinstance(policy, CostModelPolicy):
+        fitted = policy
+        return lambda: fitted.prefill_s_per_token
+    prior = 1.0 / settings.cost.prefill_tokens_per_s
+    return lambda: prior
 
 
 def _make_store(settings: Settings) -> SessionStore:
@@ -292,5 +320,5 @@ def _add_routes(app: FastAPI) -> None:
     @app.get(METRICS_PATH)
     async def metrics(request: Request) -> Response:
         state = _state(request)
-        text = state.metrics.render(await state.store.count())
+        text = state.metrics.render(await state.store.count(), state.ledger.figures())
         return Response(text, media_type=CONTENT_TYPE_LATEST)

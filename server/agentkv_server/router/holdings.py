@@ -7,6 +7,10 @@ A holding that will not be pulled (replaced by a newer turn, refused after a ses
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
 sends the release request of docs/protocol.md section 5 so the engine frees it now. Releases
 run in the background: they never delay a client's turn.
+
+With a capacity ledger (capacity.py) the keeper also keeps each decode engine's holdings within
+budget: the holdings the ledger names (least valuable under pressure, abandoned) are taken out
+of the store first, so that no turn can plan a pull of blocks being freed, then released.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from agentkv_server import wire
 from agentkv_server.router import codec
+from agentkv_server.router.capacity import CapacityLedger
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
@@ -47,12 +52,17 @@ class HoldingKeeper:
         safety_margin_s: float,
         release_timeout_s: float,
         releases_enabled: bool,
+        ledger: CapacityLedger | None = None,
+        sweep_s: float = 1.0,
     ) -> None:
         self._store = store
         self._http = http
         self._safety_margin_s = safety_margin_s
         self._release_timeout = Timeout(total=release_timeout_s)
         self._releases_enabled = releases_enabled
+        self._ledger = ledger
+        self._sweep_s = sweep_s
+        self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
         self._unrecorded: dict[str, asyncio.Event] = {}
@@ -72,10 +82,20 @@ class HoldingKeeper:
 
     async def take(self, session_key: str) -> Holding | None:
         """The session's holding for this turn; a concurrent turn of the session gets none."""
-        return await self._store.take(session_key)
+        holding = await self._store.take(session_key)
+        if self._ledger is not None:
+            self._ledger.taken(session_key, holding)
+        return holding
 
     async def issue(
-        self, session_key: str, decode_url: str, model: str, retention_s: float, *, streamed: bool
+        self,
+        session_key: str,
+        decode_url: str,
+        model: str,
+        retention_s: float,
+        *,
+        streamed: bool,
+        next_turn_s: float | None = None,
     ) -> Ticket:
         """A ticket for the holding a decode step is to keep.
 
@@ -91,6 +111,7 @@ class HoldingKeeper:
             model=model,
             issued_at=time.time(),
             retention_s=retention_s,
+            next_turn_s=next_turn_s,
         )
         if streamed:
             await self._store.add_ticket(ticket)
@@ -154,13 +175,63 @@ class HoldingKeeper:
             return None
         losers = await self._store.offer(holding)
         self.release_soon(losers)
-        return None if holding in losers else holding
+        if holding in losers:
+            return None
+        if self._ledger is None:
+            return holding
+        for loser in losers:
+            self._ledger.discard(loser.session_key, loser)
+        if victims := self._ledger.add(holding, ticket.next_turn_s):
+            await self._evict(victims)
+        return None if holding in victims else holding
+
+    async def make_room(self, decode_url: str, tokens: int, running: int) -> None:
+        """Before a decode step of ``tokens`` beside ``running`` others: release (and wait for
+        the engine to free) the least valuable holdings the step would not fit beside."""
+        if self._ledger is None or not self._releases_enabled:
+            return
+        if victims := self._ledger.make_room(decode_url, tokens, running):
+            await self._evict(victims, wait=True)
+
+    async def _evict(self, victims: Iterable[Holding], *, wait: bool = False) -> None:
+        """Take each of ``victims`` out of the store and release it; one that a turn took
+        already is that turn's to pull or release, and a newer holding found instead goes
+        back."""
+        taken = []
+        for victim in victims:
+            current = await self._store.take(victim.session_key)
+            if current is None:
+                continue
+            if current != victim:
+                self.release_soon(await self._store.offer(current))
+                continue
+            taken.append(victim)
+        if wait:
+            await asyncio.gather(*(self.release(holding) for holding in taken))
+        else:
+            self.release_soon(taken)
 
     def start(self) -> None:
-        """Hear of holdings that other routers sharing the store recorded for this one."""
+        """Hear of holdings that other routers sharing the store recorded for this one, and
+        look for expired and abandoned holdings every ``sweep_s``."""
         self._watch = asyncio.create_task(
             self._store.watch_recorded(self._recorded_elsewhere), name="agentkv-recorded"
         )
+        if self._ledger is not None:
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="agentkv-sweep")
+
+    async def sweep(self) -> None:
+        """Forget expired holdings and release abandoned ones now."""
+        if self._ledger is not None:
+            await self._evict(self._ledger.sweep())
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_s)
+            try:
+                await self.sweep()
+            except Exception:  # the next sweep tries again; the loop must outlive a bad one
+                logger.exception("sweeping holdings failed")
 
     def _recorded_elsewhere(self, ticket_id: str) -> None:
         if (awaited := self._unrecorded.pop(ticket_id, None)) is not None:
@@ -174,6 +245,8 @@ class HoldingKeeper:
     async def end(self, session_key: str) -> tuple[Holding | None, bool]:
         """End a session now: drop its holding and release it. Returns (holding, released)."""
         holding = await self._store.end(session_key, time.time())
+        if self._ledger is not None:
+            self._ledger.ended(session_key)
         if holding is None:
             return None, False
         return holding, await self.release(holding)
@@ -182,6 +255,8 @@ class HoldingKeeper:
         """After a session's last turn: refuse holdings of turns still in flight, and free any
         kept in the background."""
         holding = await self._store.end(session_key, time.time())
+        if self._ledger is not None:
+            self._ledger.ended(session_key)
         if holding is not None:
             self.release_soon([holding])
 
@@ -228,12 +303,13 @@ class HoldingKeeper:
         return answer.status == 200
 
     async def drain(self) -> None:
-        """Stop watching, and wait for background releases (at shutdown)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        """Stop watching and sweeping, and wait for background releases (at shutdown)."""
+        for task in (self._watch, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._sweeper = None
         while self._background:  # a batch's flush starts the batch's requests
             await asyncio.gather(*self._background, return_exceptions=True)
 

@@ -11,20 +11,40 @@
 - ``agentkv_pair_transfers_total{prefill,decode,outcome="ok|failed"}`` (KV loads between a pair
   of engines, as the engine that loaded reported them: pairs.py)
 - ``agentkv_pair_healthy{prefill,decode}`` (gauge: 1 while the pair's last transfer worked)
+- ``agentkv_kv_held_tokens{engine}``, ``agentkv_kv_held_bytes{engine}`` (gauges: KV retained
+  for sessions on each decode engine), ``agentkv_kv_capacity_tokens{engine}``,
+  ``agentkv_kv_budget_tokens{engine}`` (gauges, once the engine's capacity is known: capacity.py)
+- ``agentkv_kv_releases_total{reason="pressure|live_turn|session_end|abandoned|expired"}``
+- ``agentkv_reuse_lost_to_pressure_total``, ``agentkv_reuse_lost_to_pressure_tokens_total``
+  (turns that found their session's holding released for pressure, and its tokens)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentkv_server.router.failures import ErrorKind
 from agentkv_server.router.turn import KVPath
 
-__all__ = ["RouterMetrics"]
+__all__ = ["EngineKVFigures", "RouterMetrics"]
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass(frozen=True)
+class EngineKVFigures:
+    """One decode engine's retained KV at a scrape; None where the engine's size is unknown."""
+
+    url: str
+    held_tokens: int
+    held_bytes: float | None
+    capacity_tokens: int | None
+    budget_tokens: int | None
 
 
 class RouterMetrics:
@@ -95,6 +115,46 @@ class RouterMetrics:
             ["prefill", "decode"],
             registry=self.registry,
         )
+        self.kv_held_tokens = Gauge(
+            "agentkv_kv_held_tokens",
+            "Tokens of KV retained for sessions' next turns, by decode engine.",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.kv_held_bytes = Gauge(
+            "agentkv_kv_held_bytes",
+            "Bytes of KV retained for sessions' next turns, by decode engine (per worker).",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.kv_capacity_tokens = Gauge(
+            "agentkv_kv_capacity_tokens",
+            "A decode engine's whole KV cache in tokens, as its connector reported it.",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.kv_budget_tokens = Gauge(
+            "agentkv_kv_budget_tokens",
+            "Tokens of a decode engine's KV that retained holdings may occupy.",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.kv_releases = Counter(
+            "agentkv_kv_releases_total",
+            "Holdings released or dropped before their turn came, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.reuse_lost_to_pressure = Counter(
+            "agentkv_reuse_lost_to_pressure_total",
+            "Turns whose session's holding had been released for pressure.",
+            registry=self.registry,
+        )
+        self.reuse_lost_to_pressure_tokens = Counter(
+            "agentkv_reuse_lost_to_pressure_tokens_total",
+            "Held tokens those turns would have reused.",
+            registry=self.registry,
+        )
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
         self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
@@ -121,6 +181,21 @@ class RouterMetrics:
     def set_pair_healthy(self, prefill: str, decode: str, healthy: bool) -> None:
         self.pair_healthy.labels(prefill=prefill, decode=decode).set(1 if healthy else 0)
 
-    def render(self, sessions_held: int) -> bytes:
+    def record_kv_release(self, reason: str) -> None:
+        self.kv_releases.labels(reason=reason).inc()
+
+    def record_reuse_lost_to_pressure(self, tokens: int) -> None:
+        self.reuse_lost_to_pressure.inc()
+        self.reuse_lost_to_pressure_tokens.inc(tokens)
+
+    def render(self, sessions_held: int, engines_kv: Iterable[EngineKVFigures] = ()) -> bytes:
         self.sessions_held.set(sessions_held)
+        for kv in engines_kv:
+            self.kv_held_tokens.labels(engine=kv.url).set(kv.held_tokens)
+            if kv.held_bytes is not None:
+                self.kv_held_bytes.labels(engine=kv.url).set(kv.held_bytes)
+            if kv.capacity_tokens is not None:
+                self.kv_capacity_tokens.labels(engine=kv.url).set(kv.capacity_tokens)
+            if kv.budget_tokens is not None:
+                self.kv_budget_tokens.labels(engine=kv.url).set(kv.budget_tokens)
         return generate_latest(self.registry)

@@ -75,6 +75,8 @@ class Ticket:
     model: str
     issued_at: float
     retention_s: float
+    next_turn_s: float | None = None
+    """The client's predicted seconds to the session's next turn, if it sent one."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

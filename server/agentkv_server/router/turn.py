@@ -58,6 +58,8 @@ class Turn:
     path: KVPath = KVPath.RECOMPUTE
     reused_tokens: int = 0
     computed_tokens: int = 0
+    prompt_tokens: int | None = None
+    """The prompt's tokens as P counted them (the decode step's size); None before P answers."""
     failures: list[EngineFailure] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""

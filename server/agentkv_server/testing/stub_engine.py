@@ -104,6 +104,9 @@ class StubEngine:
     delay_s: float = 0.0
     kv_load_fails: bool = False  # its reads of prefill engines' KV fail (it recomputes)
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
+    # The KV size its params report, as agentkv's connector does (None: reports none).
+    kv_capacity_tokens: int | None = None
+    kv_bytes_per_token: float | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
     retained: dict[str, Retained] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -318,8 +321,22 @@ class StubEngine:
         self.retained[request_id] = Retained(num_tokens, time.monotonic() + retention)
         hinted = wire.RETENTION_SECONDS in params
         return holding_params(
-            self.engine_id, self.port, request_id, num_tokens, retention, hinted=hinted
+            self.engine_id,
+            self.port,
+            request_id,
+            num_tokens,
+            retention,
+            hinted=hinted,
+            capacity=self._capacity_params(),
         )
+
+    def _capacity_params(self) -> dict[str, Any]:
+        capacity: dict[str, Any] = {}
+        if self.kv_capacity_tokens is not None:
+            capacity[wire.KV_CACHE_TOKENS] = self.kv_capacity_tokens
+        if self.kv_bytes_per_token is not None:
+            capacity[wire.KV_BYTES_PER_TOKEN] = self.kv_bytes_per_token
+        return capacity
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})

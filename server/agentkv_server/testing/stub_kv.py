@@ -72,10 +72,18 @@ def retention_s(params: Mapping[str, Any]) -> float:
 
 
 def holding_params(
-    engine_id: str, port: int, request_id: str, num_tokens: int, retention: float, *, hinted: bool
+    engine_id: str,
+    port: int,
+    request_id: str,
+    num_tokens: int,
+    retention: float,
+    *,
+    hinted: bool,
+    capacity: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """D's returned params for a retained request; ``hinted`` (the router asked for a
-    retention) adds agentkv's expiry, as agentkv's connector does."""
+    retention) adds agentkv's expiry, and ``capacity`` the engine's KV size, as agentkv's
+    connector does."""
     holding = {
         wire.DO_REMOTE_DECODE: True,
         wire.DO_REMOTE_PREFILL: False,
@@ -85,6 +93,7 @@ def holding_params(
     }
     if hinted:
         holding[wire.EXPIRES_IN_SECONDS] = retention
+        holding.update(capacity or {})
     return holding
 
 

@@ -50,6 +50,7 @@ def account_prefill(
         else:
             turn.reused_tokens = min(cached, planned)
     if prompt_tokens is not None:
+        turn.prompt_tokens = prompt_tokens
         already = cached if cached is not None else turn.reused_tokens
         turn.computed_tokens = max(prompt_tokens - already, 0)
         policy.observe(PrefillSample(turn.computed_tokens, turn.reused_tokens, seconds))

@@ -91,10 +91,14 @@ class Services:
         body: dict[str, Any],
         prefill_params: dict[str, Any] | None,
         retention_s: float,
+        *,
+        tokens: int = 0,
     ) -> tuple[dict[str, Any], str | None]:
         """``body`` as a decode step on ``engine`` sends it, and the ticket of the holding it is
         to keep: D's params are P's (None: D computes the prompt itself), the retention and the
-        ticket."""
+        ticket. A step of ``tokens`` (0: unknown) that would not fit beside the engine's
+        holdings first has the least valuable of them released."""
+        await self.keeper.make_room(engine.url, tokens, engine.inflight)
         ticket = await self._issue_ticket(turn, engine, retention_s)
         hints = self.policy.sends_hints
         params = wire.decode_params(
@@ -112,7 +116,12 @@ class Services:
         if key is None or retention_s <= 0:
             return None
         ticket = await self.keeper.issue(
-            key, engine.url, turn.request.model, retention_s, streamed=turn.request.stream
+            key,
+            engine.url,
+            turn.request.model,
+            retention_s,
+            streamed=turn.request.stream,
+            next_turn_s=turn.request.hints.next_turn_seconds,
         )
         return ticket.ticket
 

@@ -141,7 +141,7 @@ class DecodeAttempt(Attempt[Response]):
         services, turn = self.services, self.turn
         prefill_params = self._prefilled.params if self._prefilled is not None else None
         body, ticket = await services.decode_request(
-            turn, engine, turn.request.body, prefill_params, self._retention_s
+            turn, engine, turn.request.body, prefill_params, self._retention_s, tokens=self._tokens
         )
         if ticket is not None and self._source is not None:
             services.pairs.expect(ticket, self._source, engine.url)
@@ -157,6 +157,11 @@ class DecodeAttempt(Attempt[Response]):
             # the prompt itself rather than wait on the same transfer.
             self._prefilled = None
         return Then.ELSEWHERE
+
+    @property
+    def _tokens(self) -> int:
+        """The prompt's tokens, as P or the holder counted them (0 when neither did)."""
+        return self.turn.prompt_tokens or self._plan.prompt_tokens or 0
 
     @property
     def _source(self) -> str | None:

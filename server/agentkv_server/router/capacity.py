@@ -1,0 +1,309 @@
+"""Retained KV within each decode engine's capacity: the budget, what each holding is worth, and
+which holdings go first when KV runs short (docs/router.md, "Capacity").
+
+An engine's capacity comes from its connector's holding params (``agentkv_kv_cache_tokens``,
+``agentkv_kv_bytes_per_token``: the connector reads vLLM's KV cache config), or from the settings
+for engines that do not report it. What it holds is the sum of the holdings this router recorded
+there (their ``remote_num_tokens``): exact and free, where the engines' own usage metrics mix
+retained blocks with running requests and the prefix cache.
+
+A holding's value is the prefill time it saves at its session's next turn, per byte-second it
+occupies until then::
+
+    value = s_per_token * tokens * chance / (tokens * bytes_per_token * wait_s)
+
+``s_per_token`` is the policy's fitted prefill rate; ``wait_s`` the predicted time left until
+the next turn (at least ``_MIN_WAIT_S``; once overdue, growing with the silence); ``chance``
+that the turn comes: the confidence of the prediction (a client hint, else this session's
+measured gap, else every session's), decaying once the predicted moment has passed. Holdings
+past ``abandon_factor`` times their gap are abandoned; expired ones are gone. The ledger only
+decides; the keeper (holdings.py) takes what it names out of the store and releases it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentkv_server import wire
+from agentkv_server.router.metrics import EngineKVFigures, RouterMetrics
+from agentkv_server.router.sessions import Holding
+from agentkv_server.settings import CapacitySettings
+
+__all__ = ["CapacityLedger", "EngineKV", "Held", "ReleaseReason", "holding_value"]
+
+ReleaseReason = Literal["pressure", "live_turn", "session_end", "abandoned", "expired"]
+"""``pressure``: a new holding did not fit the budget; ``live_turn``: a decode step needed the
+room; ``session_end``: the session ended; ``abandoned``: no turn for far longer than predicted;
+``expired``: its retention ran out (the engine freed it itself)."""
+
+# Chance that the next turn comes, by what predicted it: the client said when (the SDK sends a
+# prediction only when it expects another call), the session's own past gaps, or nothing.
+_HINTED, _MEASURED, _UNKNOWN = 1.0, 0.75, 0.5
+# A turn predicted any moment now still occupies its KV for about a step's time.
+_MIN_WAIT_S = 1.0
+# Weight of each new sample in the running means (all sessions' gap, a decode step's tokens), and
+# how many sessions' gaps (and pressure releases) are remembered.
+_EWMA_ALPHA = 0.2
+_MAX_REMEMBERED = 65_536
+
+
+@dataclass(frozen=True)
+class Held:
+    """A holding as the ledger weighs it: when its next turn is expected, and how surely."""
+
+    holding: Holding
+    recorded_at: float
+    gap_s: float
+    """Predicted seconds from ``recorded_at`` to the session's next turn."""
+    confidence: float
+
+    @property
+    def tokens(self) -> int:
+        return self.holding.num_tokens
+
+    def chance(self, now: float) -> float:
+        """The chance that the next turn still comes: full until its predicted moment, then
+        decaying with one gap as the time constant."""
+        late = now - self.recorded_at - self.gap_s
+        if late <= 0:
+            return self.confidence
+        return self.confidence * math.exp(-late / max(self.gap_s, _MIN_WAIT_S))
+
+    def wait_s(self, now: float) -> float:
+        """Seconds the KV is expected to stay held for its turn: until the predicted moment,
+        or, once overdue by x, about x more (the longer a silence, the longer it lasts)."""
+        return max(abs(self.recorded_at + self.gap_s - now), _MIN_WAIT_S)
+
+    def abandoned(self, now: float, settings: CapacitySettings) -> bool:
+        limit = self.gap_s * settings.abandon_factor + settings.abandon_slack_s
+        return now - self.recorded_at > limit
+
+
+def holding_value(held: Held, now: float, s_per_token: float, bytes_per_token: float) -> float:
+    """Expected prefill seconds saved at the next turn, per byte-second held until it."""
+    saved_s = s_per_token * held.tokens * held.chance(now)
+    return saved_s / (held.tokens * bytes_per_token * held.wait_s(now))
+
+
+@dataclass
+class EngineKV:
+    """One decode engine's KV as the router accounts for it."""
+
+    capacity_tokens: int | None = None
+    bytes_per_token: float | None = None
+    block_size: int = 1
+    """Tokens per KV block: a holding occupies whole blocks."""
+    held: dict[str, Held] = field(default_factory=dict)
+    """By session key; change it through :meth:`put` and :meth:`pop`, which keep the total."""
+    held_tokens: int = 0
+    """What the holdings occupy, in whole blocks' tokens."""
+
+    def put(self, session_key: str, entry: Held) -> None:
+        self.pop(session_key)
+        self.held[session_key] = entry
+        self.held_tokens += self.in_blocks(entry.tokens)
+
+    def pop(self, session_key: str) -> Held | None:
+        entry = self.held.pop(session_key, None)
+        if entry is not None:
+            self.held_tokens -= self.in_blocks(entry.tokens)
+        return entry
+
+    def in_blocks(self, tokens: int) -> int:
+        """``tokens`` rounded up to whole blocks."""
+        return -(-tokens // self.block_size) * self.block_size
+
+    def budget_tokens(self, fraction: float) -> int | None:
+        if self.capacity_tokens is None:
+            return None
+        return int(self.capacity_tokens * fraction)
+
+
+class CapacityLedger:
+    """Which holdings each decode engine keeps, within its budget, ranked by value."""
+
+    def __init__(
+        self,
+        settings: CapacitySettings,
+        metrics: RouterMetrics,
+        *,
+        default_gap_s: float,
+        prefill_s_per_token: Callable[[], float],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._default_gap_s = default_gap_s
+        self._s_per_token = prefill_s_per_token
+        self._clock = clock
+        self._engines: dict[str, EngineKV] = {}
+        self._where: dict[str, str] = {}  # session key -> decode URL of its holding
+        self._gaps: OrderedDict[str, float] = OrderedDict()  # measured, per session
+        self._mean_gap_s: float | None = None
+        # Sessions whose holding went for pressure: tokens, until their next turn tells.
+        self._pressed: OrderedDict[str, int] = OrderedDict()
+        self._mean_step_tokens: float | None = None
+
+    def engine(self, url: str) -> EngineKV:
+        engine = self._engines.get(url)
+        if engine is None:
+            engine = self._engines[url] = EngineKV(capacity_tokens=self._settings.engine_tokens)
+        return engine
+
+    def figures(self) -> list[EngineKVFigures]:
+        """Each decode engine's retained KV, for the metrics."""
+        figures = []
+        for url, engine in self._engines.items():
+            held = engine.held_tokens
+            per_token = engine.bytes_per_token
+            figures.append(
+                EngineKVFigures(
+                    url=url,
+                    held_tokens=held,
+                    held_bytes=None if per_token is None else held * per_token,
+                    capacity_tokens=engine.capacity_tokens,
+                    budget_tokens=self.budget_tokens(url),
+                )
+            )
+        return figures
+
+    def budget_tokens(self, url: str) -> int | None:
+        return self.engine(url).budget_tokens(self._settings.retained_fraction)
+
+    def add(self, holding: Holding, next_turn_s: float | None) -> list[Holding]:
+        """Account for a recorded holding; the holdings (perhaps this one) to release so
+        that its engine stays within budget."""
+        self.discard(holding.session_key)
+        engine = self.engine(holding.decode_url)
+        _learn(engine, holding.params)
+        engine.put(holding.session_key, self._weigh(holding, next_turn_s))
+        self._where[holding.session_key] = holding.decode_url
+        budget = self.budget_tokens(holding.decode_url)
+        if not self._settings.enabled or budget is None:
+            return []
+        return self._shed(engine, lambda: engine.held_tokens > budget, "pressure")
+
+    def make_room(self, url: str, tokens: int, running: int) -> list[Holding]:
+        """Holdings to release before a decode step of ``tokens`` on ``url``, beside
+        ``running`` other steps, so that it never waits for blocks the holdings occupy."""
+        mean = self._mean_step_tokens
+        if tokens > 0:
+            mean = self._mean_step_tokens = (
+                tokens if mean is None else mean + _EWMA_ALPHA * (tokens - mean)
+            )
+        engine = self.engine(url)
+        if not self._settings.enabled or engine.capacity_tokens is None:
+            return []
+        # The step's prompt and its first output token, in whole blocks, as vLLM admits it.
+        live = engine.in_blocks(tokens + 1) + running * (mean or 0.0)
+        room = engine.capacity_tokens - live
+        return self._shed(engine, lambda: engine.held_tokens > room, "live_turn")
+
+    def taken(self, session_key: str, holding: Holding | None) -> None:
+        """A turn of the session took its holding (None: it found none)."""
+        if holding is not None:
+            entry = self._pop(session_key)
+            if entry is not None:
+                self._learn_gap(session_key, self._clock() - entry.recorded_at)
+        lost = self._pressed.pop(session_key, None)
+        if holding is None and lost is not None:
+            self._metrics.record_reuse_lost_to_pressure(lost)
+
+    def ended(self, session_key: str) -> None:
+        """The session ended: its holding is released (by the keeper) for that reason."""
+        if self._pop(session_key) is not None:
+            self._metrics.record_kv_release("session_end")
+        self._pressed.pop(session_key, None)
+
+    def discard(self, session_key: str, holding: Holding | None = None) -> None:
+        """Stop accounting for the session's holding (``holding`` given: only if it is that
+        one), released for a reason counted elsewhere (replaced, refused, evicted)."""
+        url = self._where.get(session_key)
+        entry = self._engines[url].held.get(session_key) if url is not None else None
+        if entry is not None and (holding is None or entry.holding == holding):
+            self._pop(session_key)
+
+    def sweep(self) -> list[Holding]:
+        """Drop expired holdings; the abandoned ones, to release."""
+        now = self._clock()
+        abandoned = []
+        for engine in self._engines.values():
+            for key, entry in list(engine.held.items()):
+                if entry.holding.expires_at <= now:
+                    self._pop(key)
+                    self._metrics.record_kv_release("expired")
+                elif entry.abandoned(now, self._settings):
+                    self._pop(key)
+                    self._metrics.record_kv_release("abandoned")
+                    abandoned.append(entry.holding)
+        return abandoned
+
+    def _shed(
+        self, engine: EngineKV, over: Callable[[], bool], reason: ReleaseReason
+    ) -> list[Holding]:
+        """The least valuable holdings of ``engine``, in order, while ``over()``."""
+        if not over():  # the common case: no ranking on a turn's path
+            return []
+        now = self._clock()
+        s_per_token = self._s_per_token()
+        per_token = engine.bytes_per_token or 1.0
+        ranked = [
+            (holding_value(entry, now, s_per_token, per_token), -entry.tokens, key)
+            for key, entry in engine.held.items()
+        ]
+        heapq.heapify(ranked)  # most often one or two go: no full sort
+        victims = []
+        while ranked and over():
+            key = heapq.heappop(ranked)[2]
+            entry = engine.held[key]
+            self._pop(key)
+            _bounded_put(self._pressed, key, entry.tokens)
+            self._metrics.record_kv_release(reason)
+            victims.append(entry.holding)
+        return victims
+
+    def _weigh(self, holding: Holding, next_turn_s: float | None) -> Held:
+        if next_turn_s is not None:
+            gap_s, confidence = next_turn_s, _HINTED
+        elif (measured := self._gaps.get(holding.session_key)) is not None:
+            gap_s, confidence = measured, _MEASURED
+        else:
+            gap_s, confidence = self._mean_gap_s or self._default_gap_s, _UNKNOWN
+        return Held(holding, self._clock(), gap_s, confidence)
+
+    def _learn_gap(self, session_key: str, gap_s: float) -> None:
+        _bounded_put(self._gaps, session_key, gap_s)
+        mean = self._mean_gap_s
+        self._mean_gap_s = gap_s if mean is None else mean + _EWMA_ALPHA * (gap_s - mean)
+
+    def _pop(self, session_key: str) -> Held | None:
+        url = self._where.pop(session_key, None)
+        return None if url is None else self._engines[url].pop(session_key)
+
+
+def _learn(engine: EngineKV, params: Mapping[str, Any]) -> None:
+    """Capacity, bytes per token and block size from the connector's params, when it sent
+    them (the block size is the prefix fingerprint's, the engine's own); only while the engine
+    holds nothing, so that the block-rounded total stays consistent."""
+    capacity = params.get(wire.KV_CACHE_TOKENS)
+    if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+        engine.capacity_tokens = capacity
+    per_token = params.get(wire.KV_BYTES_PER_TOKEN)
+    if isinstance(per_token, (int, float)) and not isinstance(per_token, bool) and per_token > 0:
+        engine.bytes_per_token = float(per_token)
+    block_size = params.get(wire.HASH_BLOCK_SIZE)
+    if isinstance(block_size, int) and block_size > 0 and not engine.held:
+        engine.block_size = block_size
+
+
+def _bounded_put(items: OrderedDict[str, Any], key: str, value: Any) -> None:
+    items[key] = value
+    items.move_to_end(key)
+    while len(items) > _MAX_REMEMBERED:
+        items.popitem(last=False)

@@ -1,0 +1,414 @@
+"""Retained KV within each decode engine's budget: the value ranking, the budget, releases by
+reason, and holdings yielding to live turns (router/capacity.py, through the keeper and the app)."""
+
+from __future__ import annotations
+
+from json import loads
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agentkv_server.router.capacity import CapacityLedger, Held, holding_value
+from agentkv_server.router.holdings import HoldingKeeper
+from agentkv_server.router.metrics import RouterMetrics
+from agentkv_server.router.resilient_store import ResilientStore
+from agentkv_server.router.sessions import Holding, InMemoryStore
+from agentkv_server.settings import CapacitySettings
+from agentkv_server.testing import conversation
+
+URL = "http://d"
+S_PER_TOKEN = 5e-4
+CAPACITY = {"agentkv_kv_cache_tokens": 10_000, "agentkv_kv_bytes_per_token": 100.0}
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def holding(session: str, tokens: int, clock: Clock, *, expires_in: float = 600.0) -> Holding:
+    params = {"remote_request_id": f"req-{session}", **CAPACITY}
+    return Holding(session, URL, "m", params, tokens, clock.now + expires_in, clock.now)
+
+
+def ledger_with(clock: Clock, **settings: object) -> tuple[CapacityLedger, RouterMetrics]:
+    metrics = RouterMetrics()
+    ledger = CapacityLedger(
+        CapacitySettings.model_validate(settings),
+        metrics,
+        default_gap_s=120.0,
+        prefill_s_per_token=lambda: S_PER_TOKEN,
+        clock=clock,
+    )
+    return ledger, metrics
+
+
+def releases(metrics: RouterMetrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value("agentkv_kv_releases_total", {"reason": reason})
+    return value or 0.0
+
+
+def value(held: Held, now: float) -> float:
+    return holding_value(held, now, S_PER_TOKEN, 100.0)
+
+
+# -- the value of a holding --------------------------------------------------------------
+
+
+def test_a_session_about_to_return_is_worth_more_than_one_far_off():
+    clock = Clock()
+    soon = Held(holding("a", 2000, clock), clock.now, gap_s=2.0, confidence=1.0)
+    far = Held(holding("b", 2000, clock), clock.now, gap_s=300.0, confidence=1.0)
+
+    assert value(soon, clock.now) > 100 * value(far, clock.now)
+
+
+def test_a_predicted_turn_is_worth_more_than_an_unpredicted_one_at_the_same_gap():
+    clock = Clock()
+    hinted = Held(holding("a", 2000, clock), clock.now, gap_s=10.0, confidence=1.0)
+    unknown = Held(holding("b", 2000, clock), clock.now, gap_s=10.0, confidence=0.5)
+
+    assert value(hinted, clock.now) == pytest.approx(2 * value(unknown, clock.now))
+
+
+def test_a_turn_overdue_loses_its_chance():
+    clock = Clock()
+    held = Held(holding("a", 2000, clock), clock.now, gap_s=10.0, confidence=1.0)
+
+    assert held.chance(clock.now + 10) == 1.0
+    assert held.chance(clock.now + 20) == pytest.approx(1.0 / 2.718281828, rel=1e-6)
+    assert value(held, clock.now + 30) < value(held, clock.now + 5) / 10
+
+
+def test_the_value_is_seconds_saved_per_byte_second():
+    clock = Clock()
+    held = Held(holding("a", 2000, clock), clock.now, gap_s=4.0, confidence=1.0)
+    # 2000 tokens recompute in 1 s, held 4 s at 200 kB: 1 / 800 000 s per byte-second.
+    assert value(held, clock.now) == pytest.approx(1.0 / (2000 * 100.0 * 4.0))
+
+
+# -- the budget ---------------------------------------------------------------------------
+
+
+def test_a_holding_that_does_not_fit_releases_the_least_valuable():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)  # 10 000-token engine: 5 000 for holdings
+    assert ledger.add(holding("far", 2000, clock), next_turn_s=300.0) == []
+    assert ledger.add(holding("soon", 2000, clock), next_turn_s=2.0) == []
+
+    victims = ledger.add(holding("next", 2000, clock), next_turn_s=5.0)
+
+    assert [victim.session_key for victim in victims] == ["far"]
+    assert ledger.engine(URL).held_tokens == 4000
+    assert releases(metrics, "pressure") == 1
+
+
+def test_the_new_holding_itself_goes_when_it_is_worth_least():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("a", 2000, clock), next_turn_s=2.0)
+    ledger.add(holding("b", 2000, clock), next_turn_s=3.0)
+
+    victims = ledger.add(holding("late", 2000, clock), next_turn_s=None)
+
+    assert [victim.session_key for victim in victims] == ["late"]
+    assert set(ledger.engine(URL).held) == {"a", "b"}
+
+
+def test_holdings_occupy_whole_blocks():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    blocks = {**CAPACITY, "agentkv_hash_block_size": 16}
+    ledger.add(Holding("a", URL, "m", blocks, 310, clock.now + 600, clock.now), 60.0)
+    ledger.add(Holding("b", URL, "m", blocks, 320, clock.now + 600, clock.now), 1.0)
+
+    assert ledger.engine(URL).held_tokens == 320 + 320
+    # 630 + 9361 tokens (a 9360-token prompt and its first output token) would fit in 10 000;
+    # in whole blocks, 640 + 9376 do not.
+    assert [victim.session_key for victim in ledger.make_room(URL, 9360, running=0)] == ["a"]
+
+
+def test_the_budget_is_the_configured_share_of_the_reported_capacity():
+    clock = Clock()
+    ledger, _ = ledger_with(clock, retained_fraction=0.3)
+    ledger.add(holding("a", 100, clock), next_turn_s=1.0)
+
+    (figures,) = ledger.figures()
+
+    assert figures.capacity_tokens == 10_000
+    assert figures.budget_tokens == 3000
+    assert figures.held_tokens == 100
+    assert figures.held_bytes == 100 * 100.0
+
+
+def test_without_a_known_capacity_nothing_is_shed():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    unsized = Holding("a", URL, "m", {}, 50_000, clock.now + 600, clock.now)
+
+    assert ledger.add(unsized, next_turn_s=300.0) == []
+    assert ledger.figures()[0].budget_tokens is None
+
+
+def test_the_configured_capacity_serves_engines_that_report_none():
+    clock = Clock()
+    ledger, _ = ledger_with(clock, engine_tokens=1000)
+    ledger.add(Holding("a", URL, "m", {}, 400, clock.now + 600, clock.now), next_turn_s=300.0)
+
+    victims = ledger.add(Holding("b", URL, "m", {}, 400, clock.now + 600, clock.now), 1.0)
+
+    assert [victim.session_key for victim in victims] == ["a"]
+
+
+def test_a_disabled_ledger_only_counts():
+    clock = Clock()
+    ledger, _ = ledger_with(clock, enabled=False)
+    for session in "abcd":
+        assert ledger.add(holding(session, 2000, clock), next_turn_s=300.0) == []
+    assert ledger.engine(URL).held_tokens == 8000
+
+
+def test_a_newer_holding_of_a_session_replaces_its_old_one():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("a", 2000, clock), next_turn_s=2.0)
+    ledger.add(holding("a", 3000, clock), next_turn_s=2.0)
+
+    assert ledger.engine(URL).held_tokens == 3000
+
+
+# -- live turns ---------------------------------------------------------------------------
+
+
+def test_a_live_turn_that_does_not_fit_beside_the_holdings_makes_them_yield():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
+
+    assert ledger.make_room(URL, 5000, running=0) == []  # 4000 held + 5000 fit in 10 000
+    victims = ledger.make_room(URL, 7000, running=0)
+
+    assert [victim.session_key for victim in victims] == ["far"]
+    assert releases(metrics, "live_turn") == 1
+
+
+def test_running_steps_count_against_the_room():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
+
+    assert ledger.make_room(URL, 3000, running=0) == []  # teaches a step's size: 3000
+    victims = ledger.make_room(URL, 3000, running=1)  # 4000 held + 3001 + 1 x 3000 > 10 000
+
+    assert [victim.session_key for victim in victims] == ["far"]
+
+
+# -- sweeps, ends, gaps, lost reuse -----------------------------------------------------------
+
+
+def test_expired_holdings_are_dropped_and_abandoned_ones_released():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)  # abandoned after 3 x gap + 5 s
+    ledger.add(holding("gone", 100, clock, expires_in=10.0), next_turn_s=60.0)
+    ledger.add(holding("quiet", 100, clock), next_turn_s=5.0)
+    ledger.add(holding("fine", 100, clock), next_turn_s=60.0)
+
+    clock.now += 21.0
+    abandoned = ledger.sweep()
+
+    assert [victim.session_key for victim in abandoned] == ["quiet"]
+    assert set(ledger.engine(URL).held) == {"fine"}
+    assert releases(metrics, "expired") == 1
+    assert releases(metrics, "abandoned") == 1
+
+
+def test_a_session_end_is_counted_once():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    ledger.add(holding("a", 100, clock), next_turn_s=5.0)
+
+    ledger.ended("a")
+    ledger.ended("a")
+
+    assert releases(metrics, "session_end") == 1
+    assert ledger.engine(URL).held_tokens == 0
+
+
+def test_a_measured_gap_predicts_the_next_turn_without_a_hint():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    first = holding("a", 100, clock)
+    ledger.add(first, next_turn_s=None)
+    clock.now += 4.0
+    ledger.taken("a", first)
+
+    ledger.add(holding("a", 200, clock), next_turn_s=None)
+    ledger.add(holding("b", 200, clock), next_turn_s=None)
+
+    entries = ledger.engine(URL).held
+    assert (entries["a"].gap_s, entries["a"].confidence) == (4.0, 0.75)
+    assert (entries["b"].gap_s, entries["b"].confidence) == (4.0, 0.5)  # every session's mean
+
+
+def test_a_turn_that_finds_its_holding_gone_for_pressure_counts_as_lost_reuse():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    ledger.add(holding("far", 3000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 3000, clock), next_turn_s=2.0)  # "far" goes
+
+    ledger.taken("far", None)
+    ledger.taken("far", None)  # counted once
+
+    sample = metrics.registry.get_sample_value
+    assert sample("agentkv_reuse_lost_to_pressure_total", {}) == 1
+    assert sample("agentkv_reuse_lost_to_pressure_tokens_total", {}) == 3000
+
+
+# -- the keeper takes what the ledger names out of the store before releasing it -----------------
+
+
+class Engine:
+    """Records the release requests the keeper sends."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    async def fetch(self, url: str, timeout: Any, *, json: bytes) -> SimpleNamespace:
+        self.released += loads(json)["kv_transfer_params"]["agentkv_release"]
+        return SimpleNamespace(status=200)
+
+
+async def keeper_with_ledger() -> tuple[HoldingKeeper, ResilientStore, Engine]:
+    metrics = RouterMetrics()
+    store = ResilientStore(
+        InMemoryStore(max_sessions=100, ticket_ttl_s=60),
+        metrics=metrics,
+        timeout_s=1,
+        retry_after_s=1,
+    )
+    ledger = CapacityLedger(
+        CapacitySettings(), metrics, default_gap_s=120.0, prefill_s_per_token=lambda: S_PER_TOKEN
+    )
+    engine = Engine()
+    keeper = HoldingKeeper(
+        store,
+        engine,  # type: ignore[arg-type]
+        safety_margin_s=0,
+        release_timeout_s=1,
+        releases_enabled=True,
+        ledger=ledger,
+    )
+    return keeper, store, engine
+
+
+async def hold(keeper: HoldingKeeper, session: str, tokens: int, next_turn_s: float) -> None:
+    ticket = await keeper.issue(session, URL, "m", 600.0, streamed=False, next_turn_s=next_turn_s)
+    params = {"remote_request_id": f"req-{session}", "remote_num_tokens": tokens, **CAPACITY}
+    await keeper.record(ticket.ticket, params)
+
+
+async def test_the_keeper_releases_the_holding_the_ledger_names_and_forgets_it():
+    keeper, store, engine = await keeper_with_ledger()
+    await hold(keeper, "far", 3000, next_turn_s=300.0)
+
+    await hold(keeper, "soon", 3000, next_turn_s=2.0)
+    await keeper.drain()
+
+    assert engine.released == ["req-far"]
+    assert await store.take("far") is None
+    assert await store.take("soon") is not None
+
+
+async def test_a_holding_a_turn_took_meanwhile_is_left_to_that_turn():
+    keeper, store, engine = await keeper_with_ledger()
+    await hold(keeper, "far", 3000, next_turn_s=300.0)
+    assert await store.take("far") is not None  # a turn took it, unknown to the ledger yet
+
+    await hold(keeper, "soon", 3000, next_turn_s=2.0)
+    await keeper.drain()
+
+    assert engine.released == []  # the turn may be pulling it
+
+
+# -- through the router ---------------------------------------------------------------------
+
+
+def hints(next_turn_s: float) -> dict[str, str]:
+    return {"x-agentkv-next-turn-seconds": str(next_turn_s)}
+
+
+async def test_the_router_releases_the_far_off_session_when_the_decode_engine_is_full(make_router):
+    router = await make_router()
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000  # holdings may fill 1000: three 310-token sessions
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0))
+    (far_id,) = decode.retained
+    for session, next_s in (("a", 2.0), ("b", 3.0)):
+        await router.chat(conversation(1, 300), session=session, headers=hints(next_s))
+    assert await router.metric("agentkv_kv_held_tokens") == 930
+
+    await router.chat(conversation(1, 300), session="c", headers=hints(4.0))
+    await router.state.keeper.drain()
+
+    assert far_id in decode.released
+    assert await router.state.store.count() == 3
+    assert await router.metric("agentkv_kv_held_tokens") == 930
+    assert await router.metric("agentkv_kv_budget_tokens") == 1000
+    assert await router.metric('agentkv_kv_releases_total{reason="pressure"}') == 1
+
+    again = await router.chat(conversation(2, 300), session="far", headers=hints(300.0))
+
+    assert again.headers["x-agentkv-kv-path"] == "recompute"
+    assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
+
+
+async def test_a_decode_step_that_would_not_fit_beside_holdings_releases_them_first(make_router):
+    router = await make_router()
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0))
+    (far_id,) = decode.retained
+
+    # 1010 prompt tokens beside 310 held fit in 2000; 1810 do not.
+    await router.chat(conversation(1, 1000))
+    assert far_id not in decode.released
+    await router.chat(conversation(1, 1800))
+    await router.state.keeper.drain()
+
+    assert far_id in decode.released
+    # Released before the step was sent: the release is the request before the turn's own.
+    release = decode.requests[-2]
+    assert release.kv_params == {"agentkv_release": [far_id]}
+    assert await router.metric('agentkv_kv_releases_total{reason="live_turn"}') == 1
+
+
+async def test_deleting_a_session_counts_a_session_end_release(make_router):
+    router = await make_router()
+    await router.chat(conversation(1, 300), session="s1", headers=hints(5.0))
+
+    await router.client.delete("/v1/sessions/s1")
+
+    assert await router.metric('agentkv_kv_releases_total{reason="session_end"}') == 1
+    assert await router.metric("agentkv_kv_held_tokens") == 0
+
+
+async def test_an_abandoned_session_is_released_by_the_sweep(make_router):
+    router = await make_router(capacity={"abandon_factor": 1.0, "abandon_slack_s": 0.0})
+    await router.chat(conversation(1, 300), session="s1", headers=hints(0.01))
+    (held_id,) = router.decode[0].retained
+    ledger = router.state.ledger
+    entry = ledger.engine(router.decode[0].url).held["s1"]
+    ledger._clock = lambda: entry.recorded_at + 1.0  # a second late for a 10 ms gap
+
+    await router.state.keeper.sweep()
+    await router.state.keeper.drain()
+
+    assert router.decode[0].released == [held_id]
+    assert await router.state.store.count() == 0
+    assert await router.metric('agentkv_kv_releases_total{reason="abandoned"}') == 1
