@@ -48,9 +48,10 @@ __all__ = [
     "read_config_file",
 ]
 
-PolicyName = Literal["agentkv", "upstream", "never", "always"]
+PolicyName = Literal["agentkv", "upstream", "upstream-best", "never", "always"]
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
-``never``: always recompute (the benchmark's baseline)."""
+``upstream-best``: that proxy once streamed turns report their holdings; ``never``: always
+recompute (the benchmark's baseline)."""
 
 
 class _Frozen(BaseModel):

@@ -1,5 +1,7 @@
 """``agentkv bench``: run the multi-turn agent workload against every serving mode, side by side
-(``--preset long``: instead, each KV path's cost against history length, to 128k tokens).
+(``--preset long``: instead, each KV path's cost against history length, to 128k tokens;
+``--preset pressure``: the modes with more sessions than the decode engine's KV cache holds,
+their reuse beside the clairvoyant's).
 
 Three ways to point it at engines:
   (default)                  start a prefill and a decode engine on this machine (CPU) and run
@@ -33,7 +35,14 @@ from tqdm import tqdm
 
 from agentkv_server import wire
 from agentkv_server.bench import router as router_bench
-from agentkv_server.bench.modes import MODES, Deployment, ModeName, parse_base_urls, serve_mode
+from agentkv_server.bench.modes import (
+    MODES,
+    Deployment,
+    ModeName,
+    ends_sessions,
+    parse_base_urls,
+    serve_mode,
+)
 from agentkv_server.bench.paths import (
     PathSweep,
     is_path_sweep,
@@ -41,6 +50,9 @@ from agentkv_server.bench.paths import (
     sweep_paths,
     write_path_report,
 )
+from agentkv_server.bench.pressure_report import MEASURES as PRESSURE
+from agentkv_server.bench.pressure_report import write_pressure_report
+from agentkv_server.bench.pressure_run import PressureRecords, run_pressure
 from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.report import MARKDOWN_NAME, write_report
 from agentkv_server.bench.runner import Runner, RunRecords, Target
@@ -51,6 +63,7 @@ from agentkv_server.bench.workload import (
     ToolLatency,
     Workload,
     load_tokenizer,
+    pressure_preset,
 )
 from agentkv_server.errors import AgentKVServerError, ConfigError
 
@@ -63,8 +76,13 @@ _WARM_UP_VIA: tuple[ModeName, ...] = ("agentkv", "recompute", "aggregated")
 # 128k-token prefill on one CPU core takes minutes).
 _TURN_TIMEOUT_S = 600.0
 _PATH_TURN_TIMEOUT_S = 1800.0
+# Options of the mode comparison that the pressure sweep has no use for (it has its own
+# session counts) and that only the pressure sweep takes.
+_NOT_PRESSURE = ("sessions", "concurrency", "decoders", "decode_tokens")
+_PRESSURE_ONLY = ("session_counts",)
 # Options of the mode comparison that the path sweep has no use for.
 _MODES_ONLY = (
+    "session_counts",
     "sessions",
     "turns",
     "tool_latency",
@@ -96,12 +114,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="same as --preset quick (CI smoke test)",
     )
     shape.add_argument("--sessions", type=int, help="agent sessions per history length")
-    shape.add_argument("--turns", type=int, help="turns per session")
+    shape.add_argument(
+        "--session-counts",
+        type=_int_list,
+        metavar="N[,N...]",
+        help="--preset pressure: numbers of sessions at once to sweep",
+    )
+    shape.add_argument(
+        "--turns", type=int, help="turns per session (--preset pressure: the most per session)"
+    )
     shape.add_argument(
         "--history-tokens",
         type=_int_list,
         metavar="N[,N...]",
-        help="initial history lengths to sweep",
+        help="initial history lengths to sweep (--preset pressure: LOW,HIGH, drawn per session)",
     )
     shape.add_argument("--new-tokens", type=int, help="fresh input per turn (tool result, user)")
     shape.add_argument("--output-tokens", type=int, help="generated tokens per turn")
@@ -109,7 +135,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tool-latency",
         type=_tool_latency,
         metavar="KIND:SECONDS",
-        help="seconds between turns: fixed, exponential, lognormal or uniform",
+        help="seconds between turns: fixed, exponential, lognormal or uniform (--preset "
+        "pressure: lognormal:MEDIAN)",
     )
     shape.add_argument("--concurrency", type=int, help="sessions active at once")
     shape.add_argument(
@@ -237,6 +264,9 @@ def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep:
     plan = _plan(args)
     if plan.measures == "paths":
         return _measure_paths(args, plan, out_dir)
+    if plan.measures == "pressure":
+        return _measure_pressure(args, plan, out_dir)
+    _refuse(args, _PRESSURE_ONLY, "is a pressure sweep's option (--preset pressure)")
     return _measure(args, plan, out_dir)
 
 
@@ -250,7 +280,10 @@ def _print_outputs(out_dir: Path, *, failed: int) -> int:
 
 
 def _report_modes(result: BenchResult, out_dir: Path) -> int:
-    write_report(result, out_dir)
+    if result.config.get("measures") == PRESSURE:
+        write_pressure_report(result, out_dir)
+    else:
+        write_report(result, out_dir)
     code = _print_outputs(out_dir, failed=sum(not r.ok for r in result.records))
     failed_decodes = sum(d.error is not None for d in result.decodes)
     if failed_decodes:
@@ -262,7 +295,10 @@ def _report_modes(result: BenchResult, out_dir: Path) -> int:
 
 
 def _plan(args: argparse.Namespace) -> Preset:
-    return PRESETS[args.preset].with_overrides(
+    preset = PRESETS[args.preset]
+    if preset.pressure is not None:
+        return _pressure_plan(args, preset)
+    return preset.with_overrides(
         sessions=args.sessions,
         turns=args.turns,
         history_tokens=args.history_tokens,
@@ -276,6 +312,38 @@ def _plan(args: argparse.Namespace) -> Preset:
         repeats=args.repeats,
         kv_cache_gib=args.kv_cache_gib,
     )
+
+
+def _pressure_plan(args: argparse.Namespace, preset: Preset) -> Preset:
+    """The pressure preset with the command line's values (its own meaning of some)."""
+    assert preset.pressure is not None
+    _refuse(args, _NOT_PRESSURE, "does not apply to --preset pressure (see --session-counts)")
+    gap = args.tool_latency
+    if gap is not None and gap.kind != "lognormal":
+        raise ConfigError("--preset pressure: tool gaps are lognormal; give lognormal:MEDIAN")
+    pressure = preset.pressure.with_overrides(
+        session_counts=args.session_counts,
+        history_tokens=args.history_tokens,
+        turns=args.turns,
+        new_tokens=args.new_tokens,
+        output_tokens=args.output_tokens,
+        gap_median_s=gap.mean_s if gap is not None else None,
+        seed=args.seed,
+    )
+    return pressure_preset(
+        preset.description,
+        pressure,
+        repeats=args.repeats or preset.repeats,
+        model=preset.model,
+        kv_cache_gib=args.kv_cache_gib or preset.kv_cache_gib,
+    )
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    given = [name for name in names if getattr(args, name) not in (None, [])]
+    if given:
+        options = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"{options} {why}")
 
 
 OpenTarget = Callable[[ModeName], contextlib.AbstractAsyncContextManager[Target]]
@@ -318,6 +386,42 @@ def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResu
     return BenchResult(
         config, tuple(records.turns), tuple(records.decodes), tuple(records.transfers)
     )
+
+
+def _measure_pressure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResult:
+    """The pressure sweep (bench/pressure_run.py): every mode per number of sessions."""
+    assert plan.pressure is not None
+    pressure = plan.pressure
+    started = time.time()
+    progress = _no_progress if args.no_progress else _progress_line
+    with _setup(args, plan, out_dir) as setup:
+        runner = Runner(
+            plan.workload,
+            setup.tokenizer,
+            request_timeout_s=args.request_timeout or _TURN_TIMEOUT_S,
+        )
+
+        async def sweep() -> PressureRecords:
+            salt = uuid.uuid4().hex[:8]
+            await _warm_up(runner, setup, salt)
+            return await run_pressure(
+                pressure, setup.modes, plan.repeats, setup.open_target, runner, salt,
+                progress=progress,
+            )  # fmt: skip
+
+        found = asyncio.run(sweep())
+    config = {
+        **_run_config(args, plan),
+        "measures": PRESSURE,
+        "pressure": json.loads(json.dumps(asdict(pressure))),
+        "workload_text": pressure.describe(),
+        "repeats": plan.repeats,
+        "modes": list(setup.modes),
+        "model": setup.model,
+        "deployment": setup.description,
+        **_timing(started),
+    }
+    return BenchResult(config, tuple(found.turns), windows=tuple(found.windows))
 
 
 def _measure_paths(args: argparse.Namespace, plan: Preset, out_dir: Path) -> PathSweep:
@@ -441,7 +545,14 @@ def _given_endpoints(args: argparse.Namespace) -> _Setup:
 
     @contextlib.asynccontextmanager
     async def given(mode: ModeName) -> AsyncIterator[Target]:
-        yield Target(mode, urls[mode], model, tuple(args.metrics_url), mode != "aggregated")
+        yield Target(
+            mode,
+            urls[mode],
+            model,
+            tuple(args.metrics_url),
+            tag_body=mode != "aggregated",
+            ends_sessions=ends_sessions(mode),
+        )
 
     modes = tuple(mode for mode in args.modes if mode in urls)
     return _Setup(modes, given, model, load_tokenizer(args.tokenizer), f"running endpoints {urls}")

@@ -1,14 +1,16 @@
-"""The four serving modes and how each is put in front of the engines.
+"""The five serving modes and how each is put in front of the engines.
 
 - ``recompute``: the router with the always-recompute policy before the P/D engines;
 - ``upstream``: the router imitating vLLM's example proxy (64-token threshold, engines' fixed
   480 s retention, no client hints; like that proxy, it learns a holding only from non-streamed
   responses, so a streaming agent gets no reuse from it);
+- ``upstream-best``: the same proxy at its best, as it will be once streamed turns report their
+  params: it reuses streamed turns too (still no hints: the session's end is not announced);
 - ``agentkv``: the router with the cost model, client hints and early release;
 - ``aggregated``: no router; sessions go straight to one engine with prefix caching (several
   engines: each session sticks to one, chosen on the client).
 
-The three router modes share the same prefill and decode engines: each gets its own router,
+The four router modes share the same prefill and decode engines: each gets its own router,
 started in this process on the same port (the engines report holdings to that one URL) and
 stopped before the next mode starts.
 """
@@ -34,22 +36,34 @@ __all__ = [
     "MODES",
     "Deployment",
     "ModeName",
+    "ends_sessions",
     "parse_base_urls",
     "serve_mode",
     "serve_router",
 ]
 
-ModeName = Literal["recompute", "upstream", "agentkv", "aggregated"]
-# Measured in this order: modes that leave KV retained on the decode engine (upstream keeps
-# every holding for 480 s) come last, so that they cannot slow the others down.
-MODES: Final[tuple[ModeName, ...]] = ("aggregated", "recompute", "agentkv", "upstream")
+ModeName = Literal["recompute", "upstream", "upstream-best", "agentkv", "aggregated"]
+# Measured in this order: modes that leave KV retained on the decode engine come last, so that
+# they cannot slow the others down (upstream-best keeps each session's last turn 480 s, upstream
+# every turn).
+MODES: Final[tuple[ModeName, ...]] = (
+    "aggregated",
+    "recompute",
+    "agentkv",
+    "upstream-best",
+    "upstream",
+)
 BASELINE: Final[ModeName] = "recompute"
 
 _POLICY: Final[Mapping[str, PolicyName]] = {
     "recompute": "never",
     "upstream": "upstream",
+    "upstream-best": "upstream-best",
     "agentkv": "agentkv",
 }
+# Modes whose clients send no session-end hint: vLLM's proxy has none, and the router would
+# release the last turn's KV on it (upstream's policy releases nothing either way).
+_NO_SESSION_END: Final[frozenset[str]] = frozenset({"upstream", "upstream-best"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,11 @@ class Deployment:
     def metrics_urls(self, mode: str) -> tuple[str, ...]:
         engines = self.aggregated_urls if mode == "aggregated" else self.decode_urls
         return tuple(f"{url.rstrip('/')}/metrics" for url in engines)
+
+
+def ends_sessions(mode: str) -> bool:
+    """Whether ``mode``'s clients tell the router when a session ends."""
+    return mode not in _NO_SESSION_END
 
 
 @contextlib.asynccontextmanager
@@ -100,6 +119,7 @@ async def serve_mode(
             deployment.model,
             metrics,
             prefill_metrics_urls=tuple(f"{u.rstrip('/')}/metrics" for u in deployment.prefill_urls),
+            ends_sessions=ends_sessions(mode),
         )
 
 

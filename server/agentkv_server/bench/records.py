@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["BenchResult", "DecodeRecord", "TransferRecord", "TurnRecord"]
+__all__ = ["BenchResult", "DecodeRecord", "PressureWindow", "TransferRecord", "TurnRecord"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,10 @@ class TurnRecord:
     first byte) are the router's (its ``Server-Timing`` header; None for a step not taken or
     without a router); ``end_wait_s`` is client-side, the last chunk to the stream's end, where
     the router holds ``[DONE]`` until the decode engine's holding report is in.
+
+    ``sent_s`` and ``ended_s``: when the request was sent and its stream ended, in seconds from
+    the start of the run (the clairvoyant replays them). ``pressure_sessions``: in the pressure
+    sweep, the number of sessions the turn's run had (its sweep point); None elsewhere.
     """
 
     mode: str
@@ -43,6 +47,9 @@ class TurnRecord:
     prefill_s: float | None = None
     decode_s: float | None = None
     end_wait_s: float | None = None
+    sent_s: float | None = None
+    ended_s: float | None = None
+    pressure_sessions: int | None = None
     error: str | None = None
 
     @property
@@ -116,14 +123,44 @@ class TransferRecord:
 
 
 @dataclass(frozen=True)
+class PressureWindow:
+    """The decode engines over one run of the pressure sweep (bench/waits.py): requests that
+    left their queue, those that waited over ``wait_threshold_s`` (for blocks), preemptions,
+    the most KV held, the KV cache's size, and how long bench waited beforehand for the
+    previous run's retained KV to leave."""
+
+    mode: str
+    repeat: int
+    sessions: int
+    decode_requests: int | None = None
+    waited_requests: int | None = None
+    preemptions: int | None = None
+    peak_kv_tokens: int | None = None
+    peak_kv_fraction: float | None = None
+    capacity_tokens: int | None = None
+    block_size: int | None = None
+    wait_threshold_s: float = 1.0
+    drained_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PressureWindow:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """A whole run: how it was configured (free-form, JSON-ready), every turn's record, with
-    decoding sessions every one of their requests, and the engines' KV transfer totals."""
+    decoding sessions every one of their requests, the engines' KV transfer totals and, for
+    the pressure sweep, the decode engines' memory per run."""
 
     config: dict[str, Any]
     records: tuple[TurnRecord, ...]
     decodes: tuple[DecodeRecord, ...] = ()
     transfers: tuple[TransferRecord, ...] = ()
+    windows: tuple[PressureWindow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,6 +168,7 @@ class BenchResult:
             "records": [r.to_dict() for r in self.records],
             "decodes": [d.to_dict() for d in self.decodes],
             "transfers": [t.to_dict() for t in self.transfers],
+            "windows": [w.to_dict() for w in self.windows],
         }
 
     @classmethod
@@ -140,4 +178,5 @@ class BenchResult:
             tuple(TurnRecord.from_dict(r) for r in data["records"]),
             tuple(DecodeRecord.from_dict(d) for d in data.get("decodes", ())),
             tuple(TransferRecord.from_dict(t) for t in data.get("transfers", ())),
+            tuple(PressureWindow.from_dict(w) for w in data.get("windows", ())),
         )

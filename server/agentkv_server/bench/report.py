@@ -35,6 +35,7 @@ TRADE_PLOT = "ttft_vs_tpot.png"
 _COLORS = {
     "recompute": "tab:gray",
     "upstream": "tab:orange",
+    "upstream-best": "tab:red",
     "agentkv": "tab:blue",
     "aggregated": "tab:green",
 }

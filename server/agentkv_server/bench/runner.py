@@ -9,10 +9,11 @@ life, tool waits included (a waiting agent is still an active conversation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,11 +23,12 @@ import openai
 import agentkv
 from agentkv_server.bench.decoders import DecodingSession, run_beside
 from agentkv_server.bench.kvmemory import DecodeMemoryProbe
+from agentkv_server.bench.pressure import SessionPlan
 from agentkv_server.bench.records import DecodeRecord, TransferRecord, TurnRecord
 from agentkv_server.bench.transfers import TransferProbe
 from agentkv_server.bench.workload import TextTokenizer, Workload
 
-__all__ = ["RunRecords", "Runner", "Target"]
+__all__ = ["RunRecords", "Runner", "Target", "session_name"]
 
 # Engine-side sampling that makes every turn produce exactly ``output_tokens`` (random-weight
 # test models would otherwise stop at an early end-of-sequence token).
@@ -48,6 +50,8 @@ class Target:
     metrics_urls: tuple[str, ...] = ()
     tag_body: bool = True
     prefill_metrics_urls: tuple[str, ...] = ()
+    ends_sessions: bool = True
+    """Whether a session's last turn tells the router that the session ends."""
 
     def url_for(self, session_id: str) -> str:
         return self.base_urls[zlib.crc32(session_id.encode()) % len(self.base_urls)]
@@ -68,10 +72,21 @@ class RunRecords:
 
 
 @dataclass(frozen=True)
+class _Run:
+    """One run of sessions against one target: what names its sessions and starts its clock."""
+
+    target: Target
+    repeat: int
+    salt: str
+    started: float
+    pressure_sessions: int | None
+
+
+@dataclass(frozen=True)
 class _Turn:
     """Where one turn sits in the run."""
 
-    repeat: int
+    run: _Run
     history: int
     session: int
     turn: int
@@ -99,18 +114,7 @@ class Runner:
         """Every session of every history length once; the histories run one after another,
         each beside the workload's decoding sessions."""
         workload = self.workload
-        limits = httpx.Limits(max_connections=workload.concurrency + workload.decoders + 4)
-        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout_s) as http:
-            clients = {
-                url: agentkv.AsyncOpenAI(
-                    base_url=url.rstrip("/") + "/v1",
-                    api_key="agentkv-bench",
-                    max_retries=0,  # a retried turn would hide its failure inside its latency
-                    http_client=http,
-                    agentkv_body=target.tag_body,
-                )
-                for url in target.base_urls
-            }
+        async with self._clients(target) as (clients, http):
             probe = DecodeMemoryProbe(target.metrics_urls, http)
             transfers = {
                 "prefill": TransferProbe(target.prefill_metrics_urls, http),
@@ -118,8 +122,12 @@ class Runner:
             }
             records = RunRecords([], [], [])
             for history in workload.history_tokens:
+                plans = [
+                    SessionPlan(index, history, 0.0, tuple(workload.tool_latencies(history, index)))
+                    for index in range(workload.sessions)
+                ]
                 sessions = functools.partial(
-                    self._sessions, clients, probe, target, repeat, history, salt
+                    self._sessions, clients, probe, target, repeat, plans, salt, None
                 )
                 decoders = self._decoders(clients, target, repeat, history)
                 before = {role: await p.sample() for role, p in transfers.items()}
@@ -137,22 +145,53 @@ class Runner:
                 records.decodes.extend(decoded)
             return records
 
+    async def run_plans(
+        self, target: Target, repeat: int, salt: str, plans: Sequence[SessionPlan]
+    ) -> list[TurnRecord]:
+        """The given sessions, all at once (the pressure sweep's run of ``len(plans)``
+        sessions); each record names that count in ``pressure_sessions``."""
+        async with self._clients(target) as (clients, http):
+            probe = DecodeMemoryProbe(target.metrics_urls, http)
+            return await self._sessions(clients, probe, target, repeat, plans, salt, len(plans))
+
+    @contextlib.asynccontextmanager
+    async def _clients(
+        self, target: Target
+    ) -> AsyncIterator[tuple[dict[str, agentkv.AsyncOpenAI], httpx.AsyncClient]]:
+        """One SDK client per endpoint over one connection pool, and that pool."""
+        workload = self.workload
+        limits = httpx.Limits(max_connections=workload.concurrency + workload.decoders + 4)
+        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout_s) as http:
+            yield (
+                {
+                    url: agentkv.AsyncOpenAI(
+                        base_url=url.rstrip("/") + "/v1",
+                        api_key="agentkv-bench",
+                        max_retries=0,  # a retried turn would hide its failure in its latency
+                        http_client=http,
+                        agentkv_body=target.tag_body,
+                    )
+                    for url in target.base_urls
+                },
+                http,
+            )
+
     async def _sessions(
         self,
         clients: dict[str, agentkv.AsyncOpenAI],
         probe: DecodeMemoryProbe,
         target: Target,
         repeat: int,
-        history: int,
+        plans: Sequence[SessionPlan],
         salt: str,
+        pressure_sessions: int | None,
     ) -> list[TurnRecord]:
-        """The agent sessions of one history length, at most ``concurrency`` at once."""
-        slots = asyncio.Semaphore(self.workload.concurrency)
+        """The sessions of one run, at most ``concurrency`` at once; turn times count from the
+        run's start."""
+        slots = asyncio.Semaphore(max(self.workload.concurrency, pressure_sessions or 0))
+        run = _Run(target, repeat, salt, time.perf_counter(), pressure_sessions)
         by_session = await asyncio.gather(
-            *(
-                self._session(clients, probe, slots, target, repeat, history, index, salt)
-                for index in range(self.workload.sessions)
-            )
+            *(self._session(clients, probe, slots, run, plan) for plan in plans)
         )
         return [record for records in by_session for record in records]
 
@@ -175,32 +214,31 @@ class Runner:
         clients: dict[str, agentkv.AsyncOpenAI],
         probe: DecodeMemoryProbe,
         slots: asyncio.Semaphore,
-        target: Target,
-        repeat: int,
-        history: int,
-        index: int,
-        salt: str,
+        run: _Run,
+        plan: SessionPlan,
     ) -> list[TurnRecord]:
-        workload = self.workload
-        session_id = f"bench-{salt}-{target.mode}-r{repeat}-h{history}-s{index}"
+        workload, target = self.workload, run.target
+        history, index = plan.history_tokens, plan.index
+        session_id = session_name(run.salt, target.mode, run.repeat, plan, run.pressure_sessions)
         client = clients[target.url_for(session_id)]
         # The salt names the mode and repeat: with greedy sampling every mode would otherwise
         # send the same conversations, and an engine's prefix cache would serve a later mode
         # what an earlier one computed.
-        system = workload.history_text(self.tokenizer, history, index, f"{salt} {session_id}")
+        system = workload.history_text(self.tokenizer, history, index, f"{run.salt} {session_id}")
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-        waits = [0.0, *workload.tool_latencies(history, index)]
+        waits = [plan.start_s, *plan.gaps_s]
         records: list[TurnRecord] = []
         async with slots, agentkv.session(session_id) as session:
             for turn, wait in enumerate(waits, start=1):
                 if wait:
                     await asyncio.sleep(wait)
-                    session.record_tool_time(wait)
-                if turn == workload.turns:
+                    if turn > 1:
+                        session.record_tool_time(wait)
+                if turn == plan.turns and plan.ends and target.ends_sessions:
                     session.end_next_turn()
                 new = workload.new_text(self.tokenizer, history, index, turn)
                 messages.append({"role": "user", "content": new})
-                where = _Turn(repeat, history, index, turn, wait)
+                where = _Turn(run, history, index, turn, wait if turn > 1 else 0.0)
                 record, answer = await self._turn(client, target, session, messages, where)
                 record = await _with_memory(record, probe)
                 records.append(record)
@@ -219,15 +257,17 @@ class Runner:
         where: _Turn,
     ) -> tuple[TurnRecord, str]:
         output = self.workload.output_tokens
+        started = time.perf_counter()
         base = TurnRecord(
             mode=target.mode,
-            repeat=where.repeat,
+            repeat=where.run.repeat,
             history_tokens=where.history,
             session=where.session,
             turn=where.turn,
             tool_latency_s=where.tool_latency_s,
+            pressure_sessions=where.run.pressure_sessions,
+            sent_s=started - where.run.started,
         )
-        started = time.perf_counter()
         first: float | None = None
         last: float | None = None
         parts: list[str] = []
@@ -268,9 +308,18 @@ class Runner:
                 prefill_s=timing.get("prefill"),
                 decode_s=timing.get("decode"),
                 end_wait_s=ended - (last or ended),
+                ended_s=ended - where.run.started,
             ),
             "".join(parts),
         )
+
+
+def session_name(
+    salt: str, mode: str, repeat: int, plan: SessionPlan, pressure_sessions: int | None = None
+) -> str:
+    """The session id a run gives a session: unique per run, mode, repeat and sweep point."""
+    point = "" if pressure_sessions is None else f"-n{pressure_sessions}"
+    return f"bench-{salt}-{mode}-r{repeat}{point}-h{plan.history_tokens}-s{plan.index}"
 
 
 def _reused(info: agentkv.TurnInfo | None, usage: Any) -> int | None:

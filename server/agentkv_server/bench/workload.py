@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
+from agentkv_server.bench.pressure import PressureWorkload
 from agentkv_server.bundle.model import DEFAULT_MODEL
 from agentkv_server.errors import ConfigError
 
@@ -32,6 +33,7 @@ __all__ = [
     "WordTokenizer",
     "Workload",
     "load_tokenizer",
+    "pressure_preset",
     "text_of_tokens",
 ]
 
@@ -39,9 +41,9 @@ __all__ = [
 DECODER_PROMPT_TOKENS = 64
 
 Distribution = Literal["fixed", "exponential", "lognormal", "uniform"]
-# What a preset measures: every serving mode side by side (runner.py), or each KV path's cost
-# against history length (paths.py).
-Measures = Literal["modes", "paths"]
+# What a preset measures: every serving mode side by side (runner.py), each KV path's cost
+# against history length (paths.py), or the modes under memory pressure (pressure.py).
+Measures = Literal["modes", "paths", "pressure"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Preset:
     # ``paths``: the workload's histories, new and output tokens shape bench/paths.py's sweep
     # (one session per history, one turn per KV path); its other fields do not apply.
     measures: Measures = "modes"
+    # ``pressure``: the sessions (bench/pressure.py); the workload then only gives their texts.
+    pressure: PressureWorkload | None = None
 
     def with_overrides(self, **fields: object) -> Preset:
         """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib``) are
@@ -167,6 +171,28 @@ class Preset:
             name: given.pop(name) for name in ("repeats", "model", "kv_cache_gib") if name in given
         }
         return replace(self, workload=replace(self.workload, **given), **own)
+
+
+def pressure_preset(
+    description: str,
+    pressure: PressureWorkload,
+    *,
+    repeats: int = 1,
+    model: str = DEFAULT_MODEL,
+    kv_cache_gib: int = 1,
+) -> Preset:
+    """A pressure sweep's preset: the texts its sessions send follow the sweep's sizes."""
+    most = max(pressure.session_counts)
+    texts = Workload(
+        sessions=most,
+        turns=pressure.turns[1],
+        history_tokens=(pressure.history_tokens[1],),
+        new_tokens=pressure.new_tokens,
+        output_tokens=pressure.output_tokens,
+        concurrency=most,
+        seed=pressure.seed,
+    )
+    return Preset(description, texts, repeats, model, kv_cache_gib, "pressure", pressure)
 
 
 PRESETS: dict[str, Preset] = {
@@ -227,6 +253,19 @@ PRESETS: dict[str, Preset] = {
         repeats=1,
         model="tiny-long",  # the tiny test model with a 131,072-token context
         measures="paths",
+    ),
+    "pressure": pressure_preset(
+        "memory pressure: 4, 8 and 12 sessions at once of the real model (SmolLM2-135M), "
+        "1500-4500 tokens of history each, on 1 GiB of decode KV (~23k tokens); heavy-tailed "
+        "tool gaps, a quarter of the sessions go idle without ending; reuse beside the "
+        "clairvoyant's (about 80 min on 2 CPU cores, estimated)",
+        PressureWorkload(
+            session_counts=(4, 8, 12),
+            history_tokens=(1500, 4500),
+            turns=(3, 5),
+            new_tokens=150,
+            output_tokens=32,
+        ),
     ),
 }
 

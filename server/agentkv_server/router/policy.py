@@ -6,8 +6,9 @@ holder (``local``: the holder prefills only the turn's new tokens), pulling the 
 prefill engine, or recomputing them there. ``local`` must also fit the budget for other
 sessions (settings.LocalPathSettings); holdings that would expire first are not used. It asks decode engines to retain KV for as long as the client's
 hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
-threshold, the engines' fixed 480 s retention, no hints) and ``never`` always recomputes and
-asks engines to keep nothing: the benchmark's modes ``upstream`` and ``recompute``. ``always``
+threshold, the engines' fixed 480 s retention, no hints), ``upstream-best`` the same proxy once
+streamed turns report their holdings, and ``never`` always recomputes and asks engines to keep
+nothing: the benchmark's modes ``upstream``, ``upstream-best`` and ``recompute``. ``always``
 pulls every holding that will not expire first, whatever it costs (retention as ``agentkv``):
 for tests of the KV path, and for operators who know pulling wins on their hardware.
 """
@@ -36,6 +37,7 @@ __all__ = [
     "PrefillSample",
     "ReusePolicy",
     "TurnLoad",
+    "UpstreamBestPolicy",
     "UpstreamPolicy",
     "make_policy",
 ]
@@ -307,6 +309,16 @@ class UpstreamPolicy(_FixedPolicy):
         return self.RETENTION_S
 
 
+class UpstreamBestPolicy(UpstreamPolicy):
+    """vLLM's example proxy once streamed turns report their params: the same threshold and
+    fixed retention, but each decode step carries a ticket, so a streamed turn's holding reaches
+    the router as a non-streamed one's does. The retention it sends is the engines' fixed 480 s
+    whatever the client hints, so the ticket changes what is learned, not what is kept."""
+
+    name: PolicyName = "upstream-best"
+    sends_hints = True
+
+
 class NeverPolicy(_FixedPolicy):
     """Always recompute, and ask engines to free each turn's KV at once."""
 
@@ -325,6 +337,8 @@ def make_policy(settings: Settings) -> ReusePolicy:
     """The policy the settings name."""
     if settings.policy == "upstream":
         return UpstreamPolicy()
+    if settings.policy == "upstream-best":
+        return UpstreamBestPolicy()
     if settings.policy == "never":
         return NeverPolicy()
     if settings.policy == "always":

@@ -13,10 +13,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from agentkv_server.bench import cli, engines
 from agentkv_server.bench.modes import Deployment
 from agentkv_server.bench.paths import COST_PLOT, EXPECTED_PATH, PathSweep, is_path_sweep
+from agentkv_server.bench.pressure_report import PRESSURE_PLOT
 from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.report import (
     JSON_NAME,
@@ -277,3 +279,84 @@ def test_preset_long_refuses_options_of_the_mode_comparison(
 ) -> None:
     assert bench("--preset", "long", *argv) == 2
     assert f"{named} do not apply" in capsys.readouterr().err
+
+
+# A decode stub's KV cache for the pressure sweep: 62 blocks of 16 tokens.
+_BLOCKS, _BLOCK_SIZE = 62, 16
+
+
+async def _metered(self: StubEngine, request: web.Request) -> web.Response:
+    """``/metrics`` with vLLM's KV usage, cache size and queue-time figures: what the stub
+    retains is what it holds, and every request counts as scheduled at once."""
+    counted = await _UNMETERED(self, request)
+    held = sum(r.num_tokens for r in self.retained.values())
+    requests = len(self.completions())
+    text = (
+        f"{counted.text}"
+        f'vllm:kv_cache_usage_perc{{engine="0"}} {held / (_BLOCKS * _BLOCK_SIZE)}\n'
+        f'vllm:cache_config_info{{block_size="{_BLOCK_SIZE}",engine="0",'
+        f'num_gpu_blocks="{_BLOCKS}"}} 1.0\n'
+        f'vllm:request_queue_time_seconds_bucket{{engine="0",le="1.0"}} {requests}\n'
+        f'vllm:request_queue_time_seconds_count{{engine="0"}} {requests}\n'
+        f'vllm:num_preemptions_total{{engine="0"}} 0.0\n'
+    )
+    return web.Response(text=text, content_type="text/plain")
+
+
+_UNMETERED = StubEngine._metrics
+
+
+@pytest.fixture
+def metered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(StubEngine, "_metrics", _metered)
+
+
+def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
+    metered: None, local_stub_stack: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modes = ("aggregated", "recompute", "agentkv", "upstream-best")
+    out = tmp_path / "out"
+    shape = ["--session-counts", "2,4", "--history-tokens", "300,400", "--turns", "3",
+             "--new-tokens", "5", "--output-tokens", "3", "--tool-latency", "lognormal:0.02"]  # fmt: skip
+    code = bench("--preset", "pressure", *shape, "--modes", ",".join(modes), "--out", str(out))
+    assert code == 0
+    assert local_stub_stack == ["smollm2"]
+    data = json.loads((out / JSON_NAME).read_text())
+    assert data["config"]["measures"] == "pressure"
+    rows = {(r["mode"], r["sessions"]): r for r in data["pressure"]}
+    assert set(rows) == {(mode, n) for mode in modes for n in (2, 4)}
+    result = BenchResult.from_dict(data)
+    assert {(w.mode, w.sessions) for w in result.windows} == set(rows)
+    assert all(w.capacity_tokens == _BLOCKS * _BLOCK_SIZE for w in result.windows)
+    assert all(w.waited_requests == 0 and w.decode_requests for w in result.windows)
+    for (mode, n), row in rows.items():
+        assert row["failed"] == 0 and row["turns"] == 3 * n
+        assert row["clairvoyant_followups"] == row["followups"] > 0
+        assert row["ttft_p99_s"] >= row["ttft_p50_s"] > 0
+    assert rows[("recompute", 4)]["share"] == 0.0
+    assert rows[("upstream-best", 2)]["share"] == 1.0  # streamed turns reused, room for both
+    assert all(0 < row["clairvoyant_share"] <= 1.0 for row in rows.values())
+    assert (out / PRESSURE_PLOT).is_file()
+    captured = capsys.readouterr()
+    assert "| 4 | upstream-best |" in captured.out and "clairvoyant" in captured.out
+    assert "4 sessions, agentkv 1:" in captured.err  # progress per run
+    again = tmp_path / "again"
+    assert bench("--from-json", str(out / JSON_NAME), "--out", str(again)) == 0
+    assert (again / MARKDOWN_NAME).read_text() == (out / MARKDOWN_NAME).read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--sessions", "2"], "--sessions"), (["--decoders", "1"], "--decoders"),
+     (["--tool-latency", "fixed:1"], "lognormal")],
+)  # fmt: skip
+def test_preset_pressure_refuses_what_does_not_apply(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench("--preset", "pressure", *argv) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_session_counts_belong_to_the_pressure_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench("--session-counts", "2", "--base-url", "aggregated=http://127.0.0.1:9") == 2
+    assert "--session-counts is a pressure sweep's option" in capsys.readouterr().err

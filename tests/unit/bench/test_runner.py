@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 
 from agentkv_server.bench.modes import Deployment, parse_base_urls, serve_mode
+from agentkv_server.bench.pressure import SessionPlan
 from agentkv_server.bench.records import TurnRecord
-from agentkv_server.bench.runner import Runner, Target
+from agentkv_server.bench.runner import Runner, Target, session_name
 from agentkv_server.bench.workload import ToolLatency, WordTokenizer, Workload
 from agentkv_server.errors import ConfigError
 from agentkv_server.testing import StubCluster, StubEngine, http_reporter
@@ -189,3 +191,60 @@ async def test_a_failing_decoder_records_its_error_and_stops() -> None:
     assert [d.request for d in run.decodes] == [0]  # no second request after a failure
     assert "Connection error" in (run.decodes[0].error or "") and run.decodes[0].gaps_s == ()
     assert len(run.turns) == 1 and not run.turns[0].ok  # the agent session still ran
+
+
+async def test_upstream_mode_never_reuses_streamed_turns(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    """vLLM's example proxy learns holdings only from non-streamed answers: bench streams."""
+    records = await run_mode("upstream", deployment, cluster)
+    assert all(r.ok and r.kv_path == "recompute" and not r.reused_tokens for r in records)
+
+
+async def test_upstream_best_mode_reuses_streamed_turns_and_keeps_the_last_one(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    """The proxy at its best: streamed turns report their holding, follow-ups pull it, and the
+    last turn's KV stays for the engines' fixed 480 s (no session-end hint, no release)."""
+    records = await run_mode("upstream-best", deployment, cluster)
+    followups = [r for r in records if r.turn > 1]
+    assert all(r.ok for r in records) and len(followups) == 4
+    assert all(r.kv_path == "reuse" and (r.reused_tokens or 0) > 400 for r in followups)
+    retained = decode_engine(cluster).retained.values()
+    assert len(retained) == WORKLOAD.sessions
+    assert all(r.deadline - time.monotonic() > 470 for r in retained)
+
+
+async def test_planned_sessions_start_late_and_idle_ones_never_end(
+    deployment: Deployment, cluster: StubCluster
+) -> None:
+    """The pressure sweep's sessions: each from its own plan, all at once; a session that goes
+    idle keeps its last turn's KV (no session-end hint), one that ends frees it."""
+    plans = [
+        SessionPlan(0, 300, start_s=0.0, gaps_s=(0.01,), ends=True),
+        SessionPlan(1, 500, start_s=0.2, gaps_s=(0.01, 0.01), ends=False),
+    ]
+    async with serve_mode("agentkv", deployment) as target:
+        report, close = http_reporter(target.base_urls[0], SECRET)
+        cluster.reporter = report
+        try:
+            records = await Runner(WORKLOAD, WordTokenizer()).run_plans(target, 0, "t", plans)
+            await cluster.flush_reports()
+        finally:
+            await close()
+    assert sorted((r.session, r.turn, r.history_tokens) for r in records) == [
+        (0, 1, 300), (0, 2, 300), (1, 1, 500), (1, 2, 500), (1, 3, 500),
+    ]  # fmt: skip
+    assert all(r.ok and r.pressure_sessions == 2 for r in records)
+    late = min(r.sent_s or 0 for r in records if r.session == 1)
+    assert late >= 0.2 and all((r.ended_s or 0) > (r.sent_s or 0) for r in records)
+    retained = decode_engine(cluster).retained.values()
+    assert [r.num_tokens > 500 for r in retained] == [True]  # the idle session's last turn
+
+
+def test_a_session_is_named_apart_in_every_sweep_point() -> None:
+    """One session runs in several sweep points: its name (and so its salted history) differs,
+    so no point's prefix cache serves another's."""
+    plan = SessionPlan(3, 2000, 0.0, ())
+    names = {session_name("t", "agentkv", 0, plan, n) for n in (None, 4, 8)}
+    assert len(names) == 3 and all(name.endswith("-h2000-s3") for name in names)
