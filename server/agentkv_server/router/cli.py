@@ -71,8 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         choices=get_args(PolicyName),
-        help="reuse policy: cost model (default), vLLM's example proxy, never, or always "
-        "(pull every live holding)",
+        help="reuse policy: cost model (default), vLLM's example proxy (upstream), that proxy "
+        "once streamed turns report their holdings (upstream-best), never, or always (pull "
+        "every live holding)",
     )
     parser.add_argument(
         "--no-local",
