@@ -74,6 +74,8 @@ KILL_READ_WINDOW_S = 15.0
 # Fallback turns are expected while a killed holder's sessions are re-placed: their next turn
 # after the kill. Turns that begin within this long after a kill do not count.
 FALLBACK_WINDOW_S = 60.0
+# The report's reuse share before a kill and after the engine's return (reuse_around_restarts).
+REUSE_WINDOW_S = 120.0
 MAX_FALLBACK_SHARE = 0.05
 MAX_P99_GROWTH = 1.2
 # Each process tree's RSS at the end over its RSS when it started serving. The 30-minute runs
@@ -796,6 +798,29 @@ def thirds_table(samples: list[Sample]) -> list[str]:
     return lines
 
 
+def reuse_around_restarts(turns: list[Turn], kills: list[Kill]) -> list[str]:
+    """Per restart, the share of follow-up turns that reused KV in the ``REUSE_WINDOW_S`` before
+    the kill and in as long from ``FALLBACK_WINDOW_S`` after the engine came back: whether a
+    restarted engine is back in full use."""
+
+    def share(since: float, until: float) -> str:
+        window = [t for t in turns if t.index > 1 and since <= t.began < until]
+        reused = sum(t.path == "reuse" for t in window)
+        return f"{reused}/{len(window)}" + (f" ({reused / len(window):.0%})" if window else "")
+
+    lines = []
+    for kill in kills:
+        if kill.back_after is None:
+            continue
+        back = kill.at + kill.back_after + FALLBACK_WINDOW_S
+        lines.append(
+            f"{kill.engine} killed at {kill.at:.0f} s: follow-ups reused "
+            f"{share(kill.at - REUSE_WINDOW_S, kill.at)} before, "
+            f"{share(back, back + REUSE_WINDOW_S)} after its return + {FALLBACK_WINDOW_S:g} s"
+        )
+    return lines
+
+
 def report(outcome: Outcome) -> str:
     config, tally = outcome.config, outcome.tally
     settings = ", ".join(f"{key}={value}" for key, value in config.connector_settings)
@@ -827,6 +852,7 @@ def report(outcome: Outcome) -> str:
         lines.append(f"| {path or 'all'} | {percentiles(a)} | {percentiles(b)} |")
     lines += ["", *thirds_table(tally.samples)]
     lines.append("\nkills: " + ("; ".join(k.describe() for k in tally.kills) or "none"))
+    lines += [f"  {line}" for line in reuse_around_restarts(tally.turns, tally.kills)]
     reads = "; ".join(
         f"{r.count:.0f} on {r.engine} in {r.since:.0f}-{r.until:.0f} s"
         + (" (near a kill)" if r.near(tally.kills) else "")
