@@ -605,8 +605,10 @@ class HTTPClient:
         """The whole answer to a GET, or to a POST of the JSON body ``json``."""
         if json is None:
             response = await self.request("GET", url, b"", headers or {}, timeout)
-        else:
-            response = await self.post(url, json, headers or {}, timeout)
+        else:  # as self.post, one coroutine less on every engine step
+            response = await self.request(
+                "POST", url, json, headers or {}, timeout, "application/json"
+            )
         async with response:
             return Answer(response.status, response.headers, await response.read())
 

@@ -159,6 +159,9 @@ class RouterMetrics:
         # appears with its first turn, as before).
         self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
         self._ttft_by_path: dict[KVPath, Histogram] = {}
+        # The same for each pair's children: every P/D turn reports its pair's transfer.
+        self._pair_transfers: dict[tuple[str, str, str], Counter] = {}
+        self._pair_healthy: dict[tuple[str, str], Gauge] = {}
 
     def record_turn(self, path: KVPath, ttft_s: float, reused: int, recomputed: int) -> None:
         self._turns_by_path[path].inc()
@@ -166,8 +169,10 @@ class RouterMetrics:
         if ttft is None:
             ttft = self._ttft_by_path[path] = self.ttft.labels(path=path.value)
         ttft.observe(ttft_s)
-        self.reused_tokens.inc(reused)
-        self.recomputed_tokens.inc(recomputed)
+        if reused:  # adding 0 changes nothing, and each inc takes a lock
+            self.reused_tokens.inc(reused)
+        if recomputed:
+            self.recomputed_tokens.inc(recomputed)
 
     def record_engine_error(self, role: str, kind: ErrorKind) -> None:
         self.engine_errors.labels(role=role, kind=kind).inc()
@@ -176,10 +181,22 @@ class RouterMetrics:
         self.streams_resumed.inc()
 
     def record_pair_transfer(self, prefill: str, decode: str, outcome: str) -> None:
-        self.pair_transfers.labels(prefill=prefill, decode=decode, outcome=outcome).inc()
+        key = (prefill, decode, outcome)
+        child = self._pair_transfers.get(key)
+        if child is None:
+            child = self._pair_transfers[key] = self.pair_transfers.labels(
+                prefill=prefill, decode=decode, outcome=outcome
+            )
+        child.inc()
 
     def set_pair_healthy(self, prefill: str, decode: str, healthy: bool) -> None:
-        self.pair_healthy.labels(prefill=prefill, decode=decode).set(1 if healthy else 0)
+        key = (prefill, decode)
+        child = self._pair_healthy.get(key)
+        if child is None:
+            child = self._pair_healthy[key] = self.pair_healthy.labels(
+                prefill=prefill, decode=decode
+            )
+        child.set(1 if healthy else 0)
 
     def record_kv_release(self, reason: str) -> None:
         self.kv_releases.labels(reason=reason).inc()

@@ -70,6 +70,7 @@ class PairHealth:
         self._metrics = metrics
         self.clock = clock  # monotonic seconds; tests set their own
         self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._failing = 0  # pairs whose last transfer failed: while 0, every pair is good
         self._tickets: OrderedDict[str, tuple[str, str]] = OrderedDict()
         if metrics is not None:
             for prefill, decode in pairs:  # every pair is good until it fails
@@ -84,13 +85,21 @@ class PairHealth:
     def record(self, prefill: str, decode: str, ok: bool) -> None:
         """One transfer between the pair ended: well (good at once) or not (bad for a while)."""
         key = (prefill, decode)
-        pair = self._pairs.setdefault(key, _Pair())
+        pair = self._pairs.get(key)
+        if pair is None:
+            pair = self._pairs[key] = _Pair()
+        elif ok and pair.failures == 0:  # the usual case: good and still good
+            if self._metrics is not None:
+                self._metrics.record_pair_transfer(prefill, decode, wire.KV_LOAD_OK)
+            return
         was_good = pair.failures == 0
         if ok:
-            pair.failures = 0
             if not was_good:
+                pair.failures = 0
+                self._failing -= 1
                 logger.warning("KV transfers between %s and %s work again", prefill, decode)
         else:
+            self._failing += was_good
             pair.failures += 1
             wait = self._wait(pair.failures)
             pair.retry_at = self.clock() + wait
@@ -147,7 +156,7 @@ class PairHealth:
         starts its trial (unless not ``trial``: the step moves no KV between the two): the pair
         waits again before another turn tests it.
         """
-        if partner is None:
+        if partner is None or not self._failing:  # every pair good: health alone decides
             return pool.pick(prefer=prefer, exclude=exclude)
         excluded = set(exclude)
         ranks = {

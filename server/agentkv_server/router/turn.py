@@ -49,7 +49,7 @@ class TurnHints:
     version: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """What the router knows about one turn as it goes (what it planned: ``Plan``)."""
 
@@ -93,7 +93,7 @@ class Turn:
 
     def server_timing(self) -> str:
         """The phases so far as an HTTP ``Server-Timing`` value (milliseconds)."""
-        return ", ".join(f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items())
+        return ", ".join([f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()])
 
     def breakdown(self) -> str:
-        return " ".join(f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items())
+        return " ".join([f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items()])

@@ -19,6 +19,10 @@ Two checks, both bounded by the router's own deadlines, never by an engine's:
   then continued on another engine (relay.py). A non-streamed answer gives no
   sign of life until it is complete, hence reading progress beside it. A read the router
   itself could not make (no free connection) counts neither way.
+
+The step runs in the caller's task. A watcher task starts only for a step on an engine not
+heard from lately, or one still running ``progress_every_s`` after it began (one timer for all
+steps finds those): most steps are neither, and cost a dict entry rather than a task.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ class Watchdog:
         self._probe_timeout = Timeout(total=probe_timeout_s)
         # One progress read per engine serves every step watched on it at the time.
         self._reads: dict[Engine, tuple[float, asyncio.Future[float | None | _NotAsked]]] = {}
+        # Steps not watched yet, by start (loop time; oldest first), and the one timer that
+        # starts their watchers when they are still running ``progress_every_s`` later.
+        self._unwatched: dict[_StepWatch, float] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def unanswered(self, engine: Engine) -> ErrorKind | None:
         """None when ``engine`` answers now; else why not, and it is marked suspect (or lost),
@@ -78,30 +87,70 @@ class Watchdog:
         return await probe_health(self._http, engine, self._liveness_timeout) == "timeout"
 
     async def run(self, engine: Engine, step: Awaitable[T]) -> T:
-        """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing."""
-        task = asyncio.ensure_future(step)
+        """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing.
+
+        The step runs in the caller's task; a watcher task exists only while a step is slow or
+        its engine was not heard from lately (most steps end before either), and aborts the
+        step by cancelling the caller."""
+        watch = _StepWatch(self, engine)
+        if engine.answered_within(self._settings.liveness_cache_s):
+            self._watch_later(watch)
+        else:
+            watch.start(waited=False)
         try:
-            await self._watch(engine, task)
-            result = task.result()
+            result = await step
+        except BaseException:
+            failure = watch.failure
+            if failure is None or watch.cancelled_from_outside():
+                raise
+            raise failure from None
         finally:
-            if not task.done():
-                task.cancel()  # closes the connection: vLLM aborts the request
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            if self._unwatched.pop(watch, None) is None:
+                watch.end()
         engine.mark_answered()
         return result
 
-    async def _watch(self, engine: Engine, task: asyncio.Future[object]) -> None:
-        await self._answers_at_start(engine, task)
+    def _watch_later(self, watch: _StepWatch) -> None:
+        """Start ``watch``'s watcher if its step still runs ``progress_every_s`` from now."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new loop (tests): the old one's timer is gone
+            self._loop, self._sweep_timer = loop, None
+            self._unwatched.clear()
+        now = loop.time()
+        self._unwatched[watch] = now
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_at(now + self._settings.progress_every_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Start the watchers of the steps now due; the timer follows the oldest left."""
+        self._sweep_timer = None
+        loop, every = asyncio.get_running_loop(), self._settings.progress_every_s
+        due = loop.time() - every
+        unwatched = self._unwatched
+        while unwatched:
+            watch, started = next(iter(unwatched.items()))
+            if started > due:
+                self._sweep_timer = loop.call_at(started + every, self._sweep)
+                return
+            del unwatched[watch]
+            watch.start(waited=True)
+
+    async def _watch(self, engine: Engine, done: asyncio.Future[None], *, waited: bool) -> None:
+        """Probe ``engine`` until ``done``; EngineFailure when it hangs or stalls. ``waited``:
+        the step has run ``progress_every_s`` already, and the engine answered lately."""
+        if not waited:
+            await self._answers_at_start(engine, done)
         unanswered = 0
         reading: float | None = None
         changed = time.monotonic()
-        while not task.done():
-            await asyncio.wait({task}, timeout=self._settings.progress_every_s)
-            if task.done():
-                return
+        while not done.done():
+            if not waited:
+                await asyncio.wait({done}, timeout=self._settings.progress_every_s)
+                if done.done():
+                    return
+            waited = False
             now_reading = await self._progress(engine)
-            if task.done():
+            if done.done():
                 return
             if isinstance(now_reading, _NotAsked):  # the router could not ask: nothing learnt
                 continue
@@ -118,16 +167,14 @@ class Watchdog:
             elif time.monotonic() - changed >= self._settings.stall_s:
                 raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
 
-    async def _answers_at_start(self, engine: Engine, task: asyncio.Future[object]) -> None:
+    async def _answers_at_start(self, engine: Engine, done: asyncio.Future[None]) -> None:
         """Raise ``hang`` when an engine not heard from lately leaves its health probes
         unanswered while the step waits: a frozen engine accepts the step's connection and
         says nothing, and the progress reads would take seconds to tell."""
-        if engine.answered_within(self._settings.liveness_cache_s):
-            return
         for _ in range(self._settings.unanswered_probes):
             probe = asyncio.ensure_future(probe_health(self._http, engine, self._liveness_timeout))
-            await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
+            await asyncio.wait({done, probe}, return_when=asyncio.FIRST_COMPLETED)
+            if done.done():
                 probe.cancel()
                 return
             if probe.result() != "timeout":  # it answers, or the step's own failure will tell
@@ -163,6 +210,57 @@ class Watchdog:
         text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
         total = _sum_counters(text)
         return time.monotonic() if total is None else total
+
+
+_WATCHERS: set[asyncio.Task[None]] = set()
+"""Watcher tasks running (the loop keeps only weak references to tasks)."""
+
+
+class _StepWatch:
+    """The watchdog over one step that runs in the caller's task.
+
+    Most steps end long before ``progress_every_s`` and their engine answered lately: they get
+    no watcher, only an entry in the watchdog's list of unwatched steps (a task and an
+    ``asyncio.wait`` per step were ~10% of the router's CPU). A watcher that finds a hang or
+    stall keeps it in :attr:`failure` and cancels the caller, which closes the step's
+    connection (vLLM aborts the request).
+    """
+
+    __slots__ = ("_done", "_engine", "_owner", "_watchdog", "failure")
+
+    def __init__(self, watchdog: Watchdog, engine: Engine) -> None:
+        self._watchdog = watchdog
+        self._engine = engine
+        self._owner = asyncio.current_task()
+        self._done: asyncio.Future[None] | None = None
+        self.failure: EngineFailure | None = None
+
+    def start(self, *, waited: bool) -> None:
+        """Start the watcher; ``waited``: the step has run ``progress_every_s`` already."""
+        self._done = asyncio.get_running_loop().create_future()
+        watcher = asyncio.ensure_future(self._watch(self._done, waited))
+        _WATCHERS.add(watcher)
+        watcher.add_done_callback(_WATCHERS.discard)
+
+    async def _watch(self, done: asyncio.Future[None], waited: bool) -> None:
+        try:
+            await self._watchdog._watch(self._engine, done, waited=waited)
+        except EngineFailure as failure:
+            if not done.done() and self._owner is not None:
+                # Should the step's answer arrive in this very loop iteration, it is lost to
+                # the cancel: the step counts as hung, as it would one iteration later.
+                self.failure = failure
+                self._owner.cancel()
+
+    def end(self) -> None:
+        """The step is over: its watcher ends (and its health probe with it)."""
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def cancelled_from_outside(self) -> bool:
+        """Whether the caller was also cancelled by someone else (that cancel goes on)."""
+        uncancel = getattr(self._owner, "uncancel", None)  # Python 3.11+
+        return uncancel is not None and uncancel() > 0
 
 
 def _sum_counters(text: str) -> float | None:

@@ -263,6 +263,88 @@ async def test_progress_reads_the_router_could_not_make_are_no_hang(monkeypatch)
     assert await asyncio.wait_for(watchdog.run(engine, step), 5.0) == "done"
 
 
+def quiet_watchdog(monkeypatch: pytest.MonkeyPatch, **faults: float) -> tuple[Watchdog, list[str]]:
+    """A watchdog whose engine never answers a progress read or health probe (the URLs it
+    asked are listed)."""
+    asked: list[str] = []
+
+    async def no_answer(url: str, timeout: Timeout, *args: object, **kwargs: object) -> None:
+        asked.append(url)
+        await asyncio.sleep(timeout.total or 0.0)
+        raise asyncio.TimeoutError
+
+    http = HTTPClient()
+    monkeypatch.setattr(http, "fetch", no_answer)
+    settings = FaultSettings(**{"progress_every_s": 0.02, "unanswered_probes": 2} | faults)
+    return Watchdog(http, settings, probe_timeout_s=0.02), asked
+
+
+async def test_a_quick_step_on_an_engine_heard_from_lately_asks_nothing(monkeypatch) -> None:
+    """Most steps: no watcher task, no read, and the engine counts as heard from again."""
+    watchdog, asked = quiet_watchdog(monkeypatch)
+    engine = Engine("http://engine", "decode")
+    engine.mark_answered()
+    tasks = len(asyncio.all_tasks())
+
+    async def step() -> str:
+        assert len(asyncio.all_tasks()) == tasks  # the step runs in the caller's task
+        await asyncio.sleep(0)
+        return "done"
+
+    assert await watchdog.run(engine, step()) == "done"
+    await asyncio.sleep(0.05)  # past progress_every_s: the step's watcher never starts
+    assert asked == []
+
+
+async def test_a_step_that_hangs_is_aborted_and_the_caller_goes_on(monkeypatch) -> None:
+    """The watcher starts once the step has run progress_every_s, finds the hang and cancels
+    the step; the caller gets the hang, not a cancel, and is not left cancelling."""
+    watchdog, asked = quiet_watchdog(monkeypatch)
+    engine = Engine("http://engine", "decode")
+    engine.mark_answered()
+    step_cancelled = asyncio.Event()
+
+    async def frozen_step() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            step_cancelled.set()
+            raise
+
+    with pytest.raises(EngineFailure) as failure:
+        await asyncio.wait_for(watchdog.run(engine, frozen_step()), 5.0)
+
+    assert failure.value.kind == "hang" and step_cancelled.is_set()
+    assert asked and all(url.endswith("/metrics") for url in asked)
+    current = asyncio.current_task()
+    assert current is not None and getattr(current, "cancelling", lambda: 0)() == 0
+    await asyncio.sleep(0)  # the caller can still await
+
+
+async def test_a_step_on_an_engine_not_heard_from_is_probed_as_it_starts(monkeypatch) -> None:
+    watchdog, asked = quiet_watchdog(monkeypatch, progress_every_s=30.0, liveness_timeout_s=0.02)
+    engine = Engine("http://engine", "decode")  # never answered
+
+    with pytest.raises(EngineFailure) as failure:
+        await asyncio.wait_for(watchdog.run(engine, asyncio.sleep(3600)), 5.0)
+
+    assert failure.value.kind == "hang"
+    assert asked == ["http://engine/health"] * 2
+
+
+async def test_a_watched_step_cancelled_from_outside_is_cancelled(monkeypatch) -> None:
+    watchdog, _ = quiet_watchdog(monkeypatch, progress_every_s=0.01, stall_s=60.0)
+    engine = Engine("http://engine", "decode")
+    engine.mark_answered()
+    call = asyncio.ensure_future(watchdog.run(engine, asyncio.sleep(3600)))
+    await asyncio.sleep(0.03)  # its watcher is reading progress
+
+    call.cancel()
+
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
 @pytest.mark.parametrize(
     "error, suspect",
     [

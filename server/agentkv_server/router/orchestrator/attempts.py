@@ -42,7 +42,9 @@ class Refused:
 
 
 class Attempt(ABC, Generic[T]):
-    """One step of a turn, as the attempt loop tries it."""
+    """One step of a turn, as the attempt loop tries it (one or two per turn: slotted)."""
+
+    __slots__ = ("services", "turn")
 
     def __init__(self, services: Services, turn: Turn) -> None:
         self.services = services

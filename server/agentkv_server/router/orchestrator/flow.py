@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 class Orchestrator:
     """Serves turns; one per app, shared by all requests."""
 
+    __slots__ = ("_planner", "_services", "pairs")
+
     def __init__(
         self,
         settings: Settings,

@@ -31,7 +31,7 @@ __all__ = ["Relay", "Relayed"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class Relayed:
     """The decode stream being passed on, its engine and its holding's ticket."""
 
@@ -42,6 +42,8 @@ class Relayed:
 
 class Relay:
     """One turn's streamed answer on its way to the client."""
+
+    __slots__ = ("_editor", "_plan", "_services", "_source", "_turn")
 
     def __init__(
         self,
@@ -156,6 +158,8 @@ class Relay:
 
 class ResumeAttempt(Attempt[Relayed]):
     """A broken stream's ``continuation`` on a decode engine of its own: no P, no pair."""
+
+    __slots__ = ("_continuation", "_retention_s")
 
     def __init__(
         self, services: Services, turn: Turn, plan: Plan, continuation: dict[str, Any]

@@ -129,11 +129,14 @@ class Services:
         self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: Timeout
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
-        with engine.busy():
+        engine.request_started()  # as engine.busy(), without a generator per step
+        try:
             return await self.watchdog.run(
                 engine,
                 post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
             )
+        finally:
+            engine.request_finished()
 
     async def open_stream(self, turn: Turn, engine: Engine, body: dict[str, Any]) -> DecodeStream:
         """A decode stream whose first chunk is in, counted in flight until its relay ends."""

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.responses import Response
 
@@ -38,8 +37,7 @@ from agentkv_server.router.upstream import EngineFailure
 __all__ = ["DecodeAttempt", "PrefillAttempt", "Prefilled"]
 
 
-@dataclass(frozen=True)
-class Prefilled:
+class Prefilled(NamedTuple):
     """A P step done: the params D reads its KV with, from which engine, and whether P pulled
     the holding as planned."""
 
@@ -59,6 +57,8 @@ class PrefillAttempt(Attempt[Prefilled]):
     The holder is the decode engine the turn prefers (and a pull's source): P is picked by its
     pair with it. Only a pull tests the pair here; else D's read will.
     """
+
+    __slots__ = ("_plan", "_pulling")
 
     def __init__(self, services: Services, turn: Turn, plan: Plan) -> None:
         super().__init__(services, turn)
@@ -113,6 +113,8 @@ class PrefillAttempt(Attempt[Prefilled]):
 class DecodeAttempt(Attempt[Response]):
     """D: the client's answer, with P's KV (``prefilled``) or decode-only, or on ``holder``
     alone (a local turn)."""
+
+    __slots__ = ("_holder", "_plan", "_prefilled", "_retention_s")
 
     def __init__(
         self,
