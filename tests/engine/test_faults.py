@@ -541,15 +541,9 @@ async def stream_with_its_decode_engine_killed(
     return KilledStream(response, chunks, metrics, after_fault_s)
 
 
-async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
-    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
-) -> None:
-    """SIGKILL the decode engine while it streams a greedy answer: the router continues the
-    same stream on the other decode engine (prompt + tokens sent, recomputed there), and the
-    client's tokens are those of an uninterrupted greedy run, each once, ending in [DONE]."""
-    survivor = stack.decode[0]
-    prompt = tokens(900, HISTORY)
-    body: dict[str, Any] = {
+def greedy_stream_body(probe: KVProbe, prompt: list[int]) -> dict[str, Any]:
+    """A streamed greedy completion of ``prompt``, ``STREAMED`` tokens long, with token ids."""
+    return {
         "model": probe.p.model,
         "prompt": prompt,
         "max_tokens": STREAMED,
@@ -558,16 +552,33 @@ async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
         "return_token_ids": True,
         "stream": True,
     }
-    killed = await stream_with_its_decode_engine_killed(
-        stack, tally, doomed_decode, "/v1/completions", body
-    )
 
-    chunks = killed.chunks
-    got = [t for chunk in chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
+
+def assert_uninterrupted(
+    stream: KilledStream, survivor: EngineProcess, probe: KVProbe, prompt: list[int]
+) -> None:
+    """The client's tokens are those of one greedy run of ``prompt`` on ``survivor``."""
+    got = [t for chunk in stream.chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
     uninterrupted = EngineClient(survivor.url, probe.p.model).complete(
         prompt, max_tokens=STREAMED, ignore_eos=True, temperature=0, return_token_ids=True
     )
     assert got == uninterrupted["choices"][0]["token_ids"]
+
+
+async def test_decode_engine_killed_mid_stream_is_continued_on_the_other(
+    stack: Stack, probe: KVProbe, doomed_decode: EngineProcess, tally: Tally
+) -> None:
+    """SIGKILL the decode engine while it streams a greedy answer: the router continues the
+    same stream on the other decode engine (prompt + tokens sent, recomputed there), and the
+    client's tokens are those of an uninterrupted greedy run, each once, ending in [DONE]."""
+    survivor = stack.decode[0]
+    prompt = tokens(900, HISTORY)
+    body = greedy_stream_body(probe, prompt)
+    killed = await stream_with_its_decode_engine_killed(
+        stack, tally, doomed_decode, "/v1/completions", body
+    )
+
+    assert_uninterrupted(killed, survivor, probe, prompt)
     tally.correct += 1
     assert "agentkv_streams_resumed_total 1.0" in killed.metrics
     assert_serving(stack.prefill[0], survivor)
@@ -580,24 +591,12 @@ async def test_decode_engine_frozen_mid_stream_is_continued_within_seconds(
     probes go unanswered, and the router continues it on the other engine within seconds, not
     after ``stall_s`` (60 s) of silence; the client's tokens are an uninterrupted greedy run."""
     prompt = tokens(950, HISTORY)
-    body: dict[str, Any] = {
-        "model": probe.p.model,
-        "prompt": prompt,
-        "max_tokens": STREAMED,
-        "ignore_eos": True,
-        "temperature": 0,
-        "return_token_ids": True,
-        "stream": True,
-    }
+    body = greedy_stream_body(probe, prompt)
     frozen = await stream_with_its_decode_engine_killed(
         stack, tally, doomed_decode, "/v1/completions", body, frozen=True
     )
 
-    got = [t for chunk in frozen.chunks for c in chunk["choices"] for t in c["token_ids"] or ()]
-    uninterrupted = EngineClient(stack.decode[0].url, probe.p.model).complete(
-        prompt, max_tokens=STREAMED, ignore_eos=True, temperature=0, return_token_ids=True
-    )
-    assert got == uninterrupted["choices"][0]["token_ids"]
+    assert_uninterrupted(frozen, stack.decode[0], probe, prompt)
     tally.correct += 1
     assert "agentkv_streams_resumed_total 1.0" in frozen.metrics
     print(
