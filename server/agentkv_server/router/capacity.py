@@ -81,6 +81,12 @@ class Held:
         return max(abs(self.recorded_at + self.gap_s - now), _MIN_WAIT_S)
 
     def abandoned(self, now: float, settings: CapacitySettings) -> bool:
+        """Silent far longer than predicted. Only a prediction of the session's own (a hint,
+        its measured gaps) can say so: a first turn predicted from other sessions' gaps may
+        just be a slower agent. Its value still decays with the silence, so under pressure it
+        goes first anyway."""
+        if self.confidence < _MEASURED:
+            return False
         limit = self.gap_s * settings.abandon_factor + settings.abandon_slack_s
         return now - self.recorded_at > limit
 
