@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ from agentkv_server.router.failures import STUCK, UNREACHABLE, ErrorKind, wire_k
 from agentkv_server.router.http_client import HTTPClient, HTTPError, HTTPResponse, Timeout
 from agentkv_server.router.placement import Engine
 
-__all__ = ["DecodeStream", "EngineFailure", "open_stream", "post_json"]
+__all__ = ["DecodeStream", "EngineFailure", "Silence", "open_stream", "post_json"]
 
 
 class EngineFailure(Exception):
@@ -84,35 +83,38 @@ async def post_json(
     return answer
 
 
+@dataclasses.dataclass(frozen=True)
+class Silence:
+    """How a stream already passed on tells a frozen engine from a slow one."""
+
+    unresponsive: Callable[[], Awaitable[bool]]
+    """One health probe: True when it went unanswered."""
+    after_s: float
+    """Silence before the first probe."""
+    probes: int
+    """Probes unanswered in a row that end the stream."""
+
+
 class DecodeStream:
     """An engine's streamed answer whose first chunk has already arrived.
 
     Waiting for the first chunk before answering the client is what lets the router retry a
     decode that fails early on another engine: nothing has been sent yet.
 
-    A stream silent for ``silence_s`` asks ``unresponsive`` (a health probe) whether its engine
-    still answers: a frozen engine keeps the connection open and says nothing, and waiting
-    ``idle_s`` for it would stall the client for a minute (docs/faults.md). ``probes``
-    unanswered in a row end the stream as a timeout, in seconds; an engine that answers is
-    waited for up to ``idle_s`` of silence (a busy core, a long prefill in its batch).
+    With a :class:`Silence`, a stream silent for its ``after_s`` asks whether its engine still
+    answers: a frozen engine keeps the connection open and says nothing, and waiting ``idle_s``
+    for it would stall the client for a minute (docs/faults.md). ``probes`` unanswered in a row
+    end the stream as a timeout, in seconds; an engine that answers is waited for up to
+    ``idle_s`` of silence (a busy core, a long prefill in its batch).
     """
 
     def __init__(
-        self,
-        response: HTTPResponse,
-        first: bytes,
-        idle_s: float,
-        *,
-        unresponsive: Callable[[], Awaitable[bool]] | None = None,
-        silence_s: float = math.inf,
-        probes: int = 2,
+        self, response: HTTPResponse, first: bytes, idle_s: float, silence: Silence | None = None
     ) -> None:
         self._response = response
         self._first = first
         self._idle_s = idle_s
-        self._unresponsive = unresponsive
-        self._silence_s = silence_s
-        self._probes = probes
+        self._silence = silence
         self.content_type = response.headers.get("content-type", "text/event-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -123,25 +125,27 @@ class DecodeStream:
             yield chunk
 
     async def _next_chunk(self) -> bytes:
+        silence = self._silence
+        if silence is None:
+            return await self._response.readany(self._idle_s)
         loop = asyncio.get_running_loop()
         silent_until = loop.time() + self._idle_s
-        wait = self._silence_s if self._unresponsive is not None else self._idle_s
-        unanswered = 0
+        wait, unanswered = silence.after_s, 0
         while True:
             try:
                 return await self._response.readany(min(wait, max(silent_until - loop.time(), 0)))
             except asyncio.TimeoutError:
-                if loop.time() >= silent_until or self._unresponsive is None:
+                if loop.time() >= silent_until:
                     raise
-            if await self._unresponsive():
+            if await silence.unresponsive():
                 unanswered += 1
-                if unanswered >= self._probes:
+                if unanswered >= silence.probes:
                     raise asyncio.TimeoutError(
                         f"no chunk, and {unanswered} health probes in a row unanswered"
                     )
                 wait = 0.0  # probe again at once, unless a chunk came meanwhile
             else:
-                unanswered, wait = 0, self._silence_s
+                unanswered, wait = 0, silence.after_s
 
     def close(self) -> None:
         self._response.release()
@@ -157,14 +161,11 @@ async def open_stream(
     timeout: Timeout,
     first_chunk_s: float,
     idle_s: float,
-    unresponsive: Callable[[], Awaitable[bool]] | None = None,
-    silence_s: float = math.inf,
-    probes: int = 2,
+    silence: Silence | None = None,
 ) -> DecodeStream:
     """POST a streaming request and wait for its first chunk, at most ``first_chunk_s`` from
     the request's start (its wait for a connection included); later chunks may be at most
-    ``idle_s`` apart, or ``silence_s`` while ``unresponsive`` says the engine answers (see
-    :class:`DecodeStream`)."""
+    ``idle_s`` apart, less on an engine that ``silence`` finds frozen (:class:`DecodeStream`)."""
     loop = asyncio.get_running_loop()
     first_by = loop.time() + first_chunk_s
     late = f"no first chunk within {first_chunk_s:g}s"
@@ -191,9 +192,7 @@ async def open_stream(
     if not first:
         response.release()
         raise EngineFailure(engine, "stream", "stream ended before its first chunk")
-    return DecodeStream(
-        response, first, idle_s, unresponsive=unresponsive, silence_s=silence_s, probes=probes
-    )
+    return DecodeStream(response, first, idle_s, silence)
 
 
 async def _read_by(response: HTTPResponse, by: float) -> bytes:

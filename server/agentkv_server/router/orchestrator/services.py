@@ -22,7 +22,13 @@ from agentkv_server.router.pairs import PairHealth
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import ReusePolicy
 from agentkv_server.router.turn import Turn
-from agentkv_server.router.upstream import DecodeStream, EngineFailure, open_stream, post_json
+from agentkv_server.router.upstream import (
+    DecodeStream,
+    EngineFailure,
+    Silence,
+    open_stream,
+    post_json,
+)
 from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings, Timeouts
 
@@ -154,9 +160,11 @@ class Services:
                     timeout=self.timeouts.decode,
                     first_chunk_s=self.settings.timeouts.first_token_s,
                     idle_s=faults.stall_s,
-                    unresponsive=functools.partial(self.watchdog.unresponsive, engine),
-                    silence_s=faults.progress_every_s,
-                    probes=faults.unanswered_probes,
+                    silence=Silence(
+                        functools.partial(self.watchdog.unresponsive, engine),
+                        after_s=faults.progress_every_s,
+                        probes=faults.unanswered_probes,
+                    ),
                 ),
             )
         except BaseException:
