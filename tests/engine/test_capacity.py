@@ -5,6 +5,7 @@ cache config, and only a real engine makes a request wait for blocks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -16,7 +17,9 @@ import pytest
 
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.settings import Settings
+from agentkv_server.testing.conditions import wait_until
 from agentkv_server.testing.harness import serve_in_process
+from agentkv_server.testing.probe import EngineClient
 
 pytestmark = pytest.mark.engine
 
@@ -122,6 +125,8 @@ async def test_a_live_turn_does_not_wait_when_holdings_fill_the_decode_engine(
         capacity={"retained_fraction": 1.0},  # holdings may fill D: only live turns press
         health_interval_s=3600.0,
     )
+    engine = EngineClient(decode, stack.served_name, timeout=30)
+    usage_before = engine.kv_usage()
     async with serve_in_process(settings, timeout_s=120.0) as (_app, client):
 
         async def turn(session: str | None, seed: int) -> Any:
@@ -153,6 +158,14 @@ async def test_a_live_turn_does_not_wait_when_holdings_fill_the_decode_engine(
         finally:
             for session in sessions:  # the stack's later tests need D's memory
                 await client.delete(f"/v1/sessions/{session}")
+    # D frees released blocks on its next steps: the stack's later tests need its memory back.
+    one_block = 1 / blocks
+    await asyncio.to_thread(
+        wait_until,
+        lambda: engine.kv_usage() <= usage_before + one_block,
+        "D's KV usage back to where it was before the test",
+        timeout_s=60.0,
+    )
 
 
 def prompt_of(seed: int) -> list[int]:

@@ -42,7 +42,7 @@ def whole_blocks(n: int, block: int) -> int:
 
 def blocks_in_use(probe: KVProbe) -> float:
     """D's share of KV blocks owned by requests (retained ones included; cached free ones not)."""
-    return probe.d.metric("vllm:kv_cache_usage_perc")
+    return probe.d.kv_usage()
 
 
 def release(probe: KVProbe, *request_ids: str) -> None:

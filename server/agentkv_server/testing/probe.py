@@ -54,6 +54,14 @@ class EngineClient:
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             return json.load(response)
 
+    def kv_usage(self) -> float:
+        """The share of KV blocks owned by requests (retained ones included, cached free ones
+        not), read after one step of a one-token request the engine keeps nothing of: vLLM's
+        gauge moves only when the engine steps, so blocks freed since its last step would
+        otherwise still count."""
+        self.complete([11, 12], max_tokens=1, kv_transfer_params={wire.RETENTION_SECONDS: 0})
+        return self.metric("vllm:kv_cache_usage_perc")
+
     def metric(self, name: str) -> float:
         """A Prometheus counter or gauge from /metrics, summed over its label sets."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
