@@ -171,7 +171,7 @@ class CapacitySettings(_Frozen):
     (``agentkv_kv_cache_tokens``), or ``engine_tokens`` for engines that do not report it.
     Holdings may fill ``retained_fraction`` of it; the rest is for the turns running there, and a
     decode step that would not fit beside the holdings makes the least valuable ones go first. A
-    holding with no turn for ``abandon_factor`` times its predicted gap plus ``abandon_slack_s``
+    holding with no turn for ``abandon_factor`` times its client-hinted gap plus ``abandon_slack_s``
     is abandoned and released.
     """
 
@@ -186,7 +186,7 @@ class CapacitySettings(_Frozen):
     engine_tokens: int | None = Field(
         None, gt=0, description="KV capacity of engines that do not report theirs, in tokens"
     )
-    abandon_factor: float = Field(3.0, ge=1, description="times the predicted gap")
+    abandon_factor: float = Field(3.0, ge=1, description="times the client-hinted gap")
     abandon_slack_s: float = Field(5.0, ge=0, description="added to the abandon threshold")
     sweep_s: float = Field(
         1.0, gt=0, description="how often expired and abandoned holdings are looked for"

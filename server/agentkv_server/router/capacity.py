@@ -81,11 +81,12 @@ class Held:
         return max(abs(self.recorded_at + self.gap_s - now), _MIN_WAIT_S)
 
     def abandoned(self, now: float, settings: CapacitySettings) -> bool:
-        """Silent far longer than predicted. Only a prediction of the session's own (a hint,
-        its measured gaps) can say so: a first turn predicted from other sessions' gaps may
-        just be a slower agent. Its value still decays with the silence, so under pressure it
-        goes first anyway."""
-        if self.confidence < _MEASURED:
+        """Silent far longer than the client said. Only a client's hint can say so: tool gaps
+        are heavy-tailed, so a gap measured or guessed from other sessions (0.5 s last time)
+        says little about the next one (a minute-long tool call), and releasing such a
+        holding with memory to spare costs a recompute for nothing. Its value still decays
+        with the silence, so under pressure it goes first anyway."""
+        if self.confidence < _HINTED:
             return False
         limit = self.gap_s * settings.abandon_factor + settings.abandon_slack_s
         return now - self.recorded_at > limit
