@@ -74,8 +74,9 @@ class Timeouts(_Frozen):
     pull_s: float = Field(
         30.0,
         gt=0,
-        description="a prefill step that pulls held KV; past it the pull counts as stalled "
-        "and P recomputes (a holder dying mid-transfer can leave the step waiting)",
+        description="a prefill step that pulls held KV while its engine makes no progress this "
+        "long counts as stalled, and P recomputes (a holder dying mid-transfer can leave the "
+        "step waiting); a P busy with other prompts is waited for, up to prefill_s",
     )
     first_token_s: float = Field(120.0, gt=0, description="decode step until its first byte")
     decode_s: float = Field(600.0, gt=0, description="whole decode step, streaming included")
@@ -148,7 +149,12 @@ class RetentionSettings(_Frozen):
     """
 
     factor: float = Field(2.0, ge=1.0)
-    slack_s: float = Field(10.0, ge=0)
+    slack_s: float = Field(
+        60.0,
+        ge=0,
+        description="added to every hinted retention: a pull queued behind other prompts on a "
+        "busy prefill engine must still find its blocks (memory is the capacity budget's job)",
+    )
     min_s: float = Field(5.0, ge=0)
     max_s: float = Field(600.0, gt=0)
     default_s: float = Field(120.0, ge=0)
@@ -177,7 +183,7 @@ class CapacitySettings(_Frozen):
 
     enabled: bool = Field(True, description="False: holdings are bounded by their expiry only")
     retained_fraction: float = Field(
-        0.5,
+        0.8,
         gt=0,
         le=1,
         description="share of a decode engine's KV that holdings may occupy; the rest is kept "
@@ -186,8 +192,10 @@ class CapacitySettings(_Frozen):
     engine_tokens: int | None = Field(
         None, gt=0, description="KV capacity of engines that do not report theirs, in tokens"
     )
-    abandon_factor: float = Field(3.0, ge=1, description="times the client-hinted gap")
-    abandon_slack_s: float = Field(5.0, ge=0, description="added to the abandon threshold")
+    abandon_factor: float = Field(
+        10.0, ge=1, description="times the client-hinted gap (tool gaps are heavy-tailed)"
+    )
+    abandon_slack_s: float = Field(30.0, ge=0, description="added to the abandon threshold")
     sweep_s: float = Field(
         1.0, gt=0, description="how often expired and abandoned holdings are looked for"
     )
@@ -211,11 +219,12 @@ class CostModelSettings(_Frozen):
 class LocalPathSettings(_Frozen):
     """When a turn may continue on its decode holder (docs/router.md, "Three paths").
 
-    A prefill of N new tokens on the holder stalls every sequence it is decoding for about
-    N / rate seconds. The local path is taken only when it is predicted fastest, the new part is
-    at most ``max_new_tokens`` (longer parts go to a prefill engine whatever the load: sessions
-    arriving during that prefill would stall too), and, while the holder decodes other
-    sequences, the stall stays within ``max_stall_s``.
+    While the holder decodes other sequences, a local prefill enters its batch ``slice_tokens``
+    at a time (the bundle starts decode engines with vLLM's ``--long-prefill-token-threshold``
+    set to it), so each of their steps is slowed by one slice, not by the whole prefill. The
+    local path is taken only when it is predicted fastest, the new part is at most
+    ``max_new_tokens`` (longer parts go to a prefill engine whatever the load), and, while the
+    holder decodes others, one slice adds at most ``max_stall_s`` to their inter-token delay.
     """
 
     enabled: bool = Field(
@@ -225,9 +234,21 @@ class LocalPathSettings(_Frozen):
     max_stall_s: float = Field(
         0.2,
         ge=0,
-        description="largest added inter-token delay a local prefill may cause the holder's "
-        "running sequences",
+        description="the TPOT budget: largest inter-token delay a local prefill may add to each "
+        "decode step of the holder's running sequences",
     )
+    slice_tokens: int = Field(
+        64,
+        ge=0,
+        description="tokens of a local prefill per decode step while the holder decodes others "
+        "(decode engines' --long-prefill-token-threshold); 0: the whole new part in one step",
+    )
+
+    def decode_engine_args(self) -> tuple[str, ...]:
+        """vLLM options that make decode engines slice prefills as the router prices them."""
+        if self.slice_tokens == 0:
+            return ()
+        return ("--long-prefill-token-threshold", str(self.slice_tokens))
 
 
 class PairSettings(_Frozen):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentkv_server.bundle.stack import Stack
-from agentkv_server.settings import Settings
+from agentkv_server.settings import CapacitySettings, Settings
 from agentkv_server.testing.conditions import wait_until
 from agentkv_server.testing.harness import serve_in_process
 from agentkv_server.testing.probe import EngineClient
@@ -94,7 +94,8 @@ def test_the_router_learns_the_decode_engines_kv_size_and_what_a_session_holds(
     held_bytes = sample(metrics, "agentkv_kv_held_bytes", engine=decode)
 
     assert capacity == engine_cache_tokens(decode)
-    assert sample(metrics, "agentkv_kv_budget_tokens", engine=decode) == int(capacity * 0.5)
+    fraction = CapacitySettings().retained_fraction  # the shared stack's router: the defaults
+    assert sample(metrics, "agentkv_kv_budget_tokens", engine=decode) == int(capacity * fraction)
     assert held is not None and held >= len(tokens)
     assert held_bytes is not None and held_bytes > held  # every token takes bytes in each layer
 

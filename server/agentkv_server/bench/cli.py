@@ -169,6 +169,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="local stack: each engine's KV cache (default: the preset's, 4 for cpu, else 1)",
     )
     where.add_argument(
+        "--decode-kv-tokens",
+        type=int,
+        metavar="TOKENS",
+        help="local stack: the decode engine's KV cache in tokens, below what --kv-cache-gib "
+        "holds (default: the preset's; 8192 for pressure, else all of it)",
+    )
+    where.add_argument(
         "--prefill-url", action="extend", nargs="+", default=[], metavar="URL",
         help="running prefill engines (repeatable): bench runs each mode's router in front",
     )  # fmt: skip
@@ -311,6 +318,7 @@ def _plan(args: argparse.Namespace) -> Preset:
         seed=args.seed,
         repeats=args.repeats,
         kv_cache_gib=args.kv_cache_gib,
+        decode_kv_tokens=args.decode_kv_tokens,
     )
 
 
@@ -336,6 +344,7 @@ def _pressure_plan(args: argparse.Namespace, preset: Preset) -> Preset:
         repeats=args.repeats or preset.repeats,
         model=preset.model,
         kv_cache_gib=args.kv_cache_gib or preset.kv_cache_gib,
+        decode_kv_tokens=args.decode_kv_tokens or preset.decode_kv_tokens,
     )
 
 
@@ -587,12 +596,20 @@ def _deployment(
     model = args.model or plan.model
     # A long-context test model gets more KV cache than asked for (StackConfig).
     kv_cache_gib = max(plan.kv_cache_gib, min_kv_cache_gib(model))
+    decode_kv = "" if plan.decode_kv_tokens is None else f", decode {plan.decode_kv_tokens} tokens"
     print(
         f"starting a prefill and a decode engine ({model}, {kv_cache_gib} GiB of KV cache "
-        f"each); logs in {out_dir}",
+        f"each{decode_kv}); logs in {out_dir}",
         file=sys.stderr,
     )
-    with local_engines(model, out_dir, kv_cache_gib=plan.kv_cache_gib) as (deployment, model_dir):
+    engines = local_engines(
+        model,
+        out_dir,
+        kv_cache_gib=plan.kv_cache_gib,
+        decode_kv_tokens=plan.decode_kv_tokens,
+        aggregated="aggregated" in args.modes,
+    )
+    with engines as (deployment, model_dir):
         yield deployment, load_tokenizer(args.tokenizer or model_dir), model_dir
 
 

@@ -57,6 +57,9 @@ class PressureWorkload:
     ten is over 6.8 times the median, one in a hundred over 33 times)."""
     idle_share: float = 0.25
     seed: int = 0
+    start_spread_s: float | None = None
+    """Sessions start within this many seconds (None: ten median gaps), as agents arriving, not
+    all in one instant: their cold first turns queue on the prefill engine."""
 
     @property
     def max_gap_s(self) -> float:
@@ -64,9 +67,8 @@ class PressureWorkload:
         return 30 * self.gap_median_s
 
     @property
-    def start_spread_s(self) -> float:
-        """Sessions start within ten median gaps, as agents arriving, not all in one instant."""
-        return 10 * self.gap_median_s
+    def start_window_s(self) -> float:
+        return self.start_spread_s if self.start_spread_s is not None else 10 * self.gap_median_s
 
     def __post_init__(self) -> None:
         low, high = self.history_tokens
@@ -78,6 +80,8 @@ class PressureWorkload:
             raise ConfigError("pressure: new/output tokens must be >= 1, idle share in 0..1")
         if min(self.gap_median_s, self.gap_sigma) <= 0:
             raise ConfigError("pressure: the tool gaps' median and sigma must be > 0")
+        if self.start_spread_s is not None and self.start_spread_s < 0:
+            raise ConfigError("pressure: the start spread must be >= 0 seconds")
 
     def sessions(self, count: int) -> tuple[SessionPlan, ...]:
         """The first ``count`` sessions; session i is the same in every sweep point it is in."""
@@ -87,7 +91,7 @@ class PressureWorkload:
         rng = random.Random(f"{self.seed}:pressure:{index}")
         history = rng.randint(*self.history_tokens)
         turns = rng.randint(*self.turns)
-        start = rng.uniform(0.0, self.start_spread_s)
+        start = rng.uniform(0.0, self.start_window_s)
         gaps = tuple(
             min(rng.lognormvariate(math.log(self.gap_median_s), self.gap_sigma), self.max_gap_s)
             for _ in range(turns - 1)
@@ -127,7 +131,7 @@ class PressureWorkload:
         low, high = self.history_tokens
         return (
             f"{', '.join(map(str, self.session_counts))} sessions at once (one run each), "
-            f"starting within {self.start_spread_s:g} s; {low}-{high} tokens of initial history "
+            f"starting within {self.start_window_s:g} s; {low}-{high} tokens of initial history "
             f"and {self.turns[0]}-{self.turns[1]} turns per session, {self.new_tokens} new and "
             f"{self.output_tokens} output tokens per turn; tool gaps lognormal, median "
             f"{self.gap_median_s:g} s, sigma {self.gap_sigma:g}, at most {self.max_gap_s:g} s; "

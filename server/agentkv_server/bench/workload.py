@@ -157,6 +157,9 @@ class Preset:
     # Each local engine's KV cache: room for what every mode keeps between turns, so that the
     # run compares speed (upstream's fixed 480 s retention fills 1 GiB on the cpu preset).
     kv_cache_gib: int = 1
+    # The local decode engine's KV cache in tokens, below what ``kv_cache_gib`` holds (None: all
+    # of it): memory pressure at session sizes this machine's CPUs can prefill in minutes.
+    decode_kv_tokens: int | None = None
     # ``paths``: the workload's histories, new and output tokens shape bench/paths.py's sweep
     # (one session per history, one turn per KV path); its other fields do not apply.
     measures: Measures = "modes"
@@ -164,11 +167,13 @@ class Preset:
     pressure: PressureWorkload | None = None
 
     def with_overrides(self, **fields: object) -> Preset:
-        """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib``) are
-        replaced where given."""
+        """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib`` /
+        ``decode_kv_tokens``) are replaced where given."""
         given = {name: value for name, value in fields.items() if value is not None}
         own = {
-            name: given.pop(name) for name in ("repeats", "model", "kv_cache_gib") if name in given
+            name: given.pop(name)
+            for name in ("repeats", "model", "kv_cache_gib", "decode_kv_tokens")
+            if name in given
         }
         return replace(self, workload=replace(self.workload, **given), **own)
 
@@ -180,6 +185,7 @@ def pressure_preset(
     repeats: int = 1,
     model: str = DEFAULT_MODEL,
     kv_cache_gib: int = 1,
+    decode_kv_tokens: int | None = None,
 ) -> Preset:
     """A pressure sweep's preset: the texts its sessions send follow the sweep's sizes."""
     most = max(pressure.session_counts)
@@ -192,7 +198,9 @@ def pressure_preset(
         concurrency=most,
         seed=pressure.seed,
     )
-    return Preset(description, texts, repeats, model, kv_cache_gib, "pressure", pressure)
+    return Preset(
+        description, texts, repeats, model, kv_cache_gib, decode_kv_tokens, "pressure", pressure
+    )
 
 
 PRESETS: dict[str, Preset] = {
@@ -255,17 +263,19 @@ PRESETS: dict[str, Preset] = {
         measures="paths",
     ),
     "pressure": pressure_preset(
-        "memory pressure: 4, 8 and 12 sessions at once of the real model (SmolLM2-135M), "
-        "1500-4500 tokens of history each, on 1 GiB of decode KV (~23k tokens); heavy-tailed "
-        "tool gaps, a quarter of the sessions go idle without ending; reuse beside the "
-        "clairvoyant's (about 80 min on 2 CPU cores, estimated)",
+        "memory pressure: 4, 6 and 8 sessions at once of the real model (SmolLM2-135M), "
+        "600-1800 tokens of history each, on a decode engine with 8,192 tokens of KV; heavy-"
+        "tailed tool gaps, a quarter of the sessions go idle without ending; reuse beside the "
+        "clairvoyant's (about 20 min on 2 CPU cores for three modes)",
         PressureWorkload(
-            session_counts=(4, 8, 12),
-            history_tokens=(1500, 4500),
+            session_counts=(4, 6, 8),
+            history_tokens=(600, 1800),
             turns=(3, 5),
             new_tokens=150,
             output_tokens=32,
+            start_spread_s=60.0,
         ),
+        decode_kv_tokens=8192,
     ),
 }
 

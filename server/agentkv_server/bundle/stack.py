@@ -41,6 +41,7 @@ from agentkv_server.bundle.model import (
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
+from agentkv_server.settings import LocalPathSettings
 from agentkv_server.wire import (
     API_KEYS_ENV,
     CLIENT_BASE_URL_ENV,
@@ -63,7 +64,8 @@ PORT_ATTEMPTS = 3
 class StackConfig:
     """What to start. ``port`` is the router's (0: any free port); engines take free ports
     from ``port_base`` on (None: ``$AGENTKV_PORT_BASE`` or 20000; never the ephemeral range).
-    ``prefill_args`` go to prefill engines only, after ``engine_args``. Without a router of its
+    ``prefill_args`` and ``decode_args`` go to engines of that role only, after ``engine_args``;
+    decode engines also get :attr:`slice_args` (from ``router_settings``), first. Without a router of its
     own (``router=False``), ``report_port`` is where one will listen on ``host``: decode engines
     report their holdings there (``agentkv bench`` starts a router per mode)."""
 
@@ -78,6 +80,7 @@ class StackConfig:
     connector: ConnectorSpec = AGENTKV_CONNECTOR
     engine_args: tuple[str, ...] = ()
     prefill_args: tuple[str, ...] = ()
+    decode_args: tuple[str, ...] = ()
     router: bool = True
     report_port: int | None = None
     router_settings: Mapping[str, Any] = field(default_factory=dict)  # Settings fields, as JSON
@@ -93,6 +96,13 @@ class StackConfig:
         if self.decode < 1 or self.prefill < 0:
             raise ConfigError("a stack needs at least one decode engine and no negative counts")
         port_pool(self.port_base)  # a base inside the ephemeral range fails here, not later
+
+    @property
+    def slice_args(self) -> tuple[str, ...]:
+        """The options decode engines need for the router to price its local path right: the
+        prefill slice of its settings (LocalPathSettings.slice_tokens)."""
+        local = self.router_settings.get("local", {})
+        return LocalPathSettings.model_validate(local).decode_engine_args()
 
     @property
     def available_cores(self) -> tuple[int, ...]:
@@ -259,7 +269,7 @@ class Stack:
                 engine_args=(
                     (*config.engine_args, *config.prefill_args)
                     if role == "prefill"
-                    else config.engine_args
+                    else (*config.slice_args, *config.engine_args, *config.decode_args)
                 ),
                 env=report_to if report_port else {},
             )

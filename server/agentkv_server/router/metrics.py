@@ -17,6 +17,10 @@
 - ``agentkv_kv_releases_total{reason="pressure|live_turn|session_end|abandoned|expired"}``
 - ``agentkv_reuse_lost_to_pressure_total``, ``agentkv_reuse_lost_to_pressure_tokens_total``
   (turns that found their session's holding released for pressure, and its tokens)
+- ``agentkv_path_decisions_total{path,reason}`` (the policy's choice for each turn with a
+  holding, and why: ``local_fastest``, ``stall_over_budget``, ``pull_cheaper``... policy.py)
+- ``agentkv_local_added_itl_seconds`` (histogram: the inter-token delay each local turn on a busy
+  holder was predicted to add to the holder's running sequences, per decode step)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -34,6 +38,7 @@ from agentkv_server.router.turn import KVPath
 __all__ = ["EngineKVFigures", "RouterMetrics"]
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5)
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,20 @@ class RouterMetrics:
             "Held tokens those turns would have reused.",
             registry=self.registry,
         )
+        self.path_decisions = Counter(
+            "agentkv_path_decisions_total",
+            "The policy's path for each turn with a holding, and the reason it gives.",
+            ["path", "reason"],
+            registry=self.registry,
+        )
+        self.local_added_itl = Histogram(
+            "agentkv_local_added_itl_seconds",
+            "Inter-token delay a local turn on a busy holder was predicted to add to each of "
+            "the holder's decode steps (its prefill slice).",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self._decisions: dict[tuple[KVPath, str], Counter] = {}
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
         self._turns_by_path = {path: self.turns.labels(path=path.value) for path in KVPath}
@@ -173,6 +192,17 @@ class RouterMetrics:
             self.reused_tokens.inc(reused)
         if recomputed:
             self.recomputed_tokens.inc(recomputed)
+
+    def record_decision(self, path: KVPath, reason: str, added_itl_s: float | None) -> None:
+        key = (path, reason)
+        child = self._decisions.get(key)
+        if child is None:
+            child = self._decisions[key] = self.path_decisions.labels(
+                path=path.value, reason=reason
+            )
+        child.inc()
+        if added_itl_s:  # a local turn on a busy holder (0 on an idle one)
+            self.local_added_itl.observe(added_itl_s)
 
     def record_engine_error(self, role: str, kind: ErrorKind) -> None:
         self.engine_errors.labels(role=role, kind=kind).inc()

@@ -17,17 +17,60 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from agentkv_server.router.failures import LOST, SUSPECT, ErrorKind, wire_kind
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 
-__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "probe_health"]
+__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "StepTimes", "probe_health"]
 
 logger = logging.getLogger(__name__)
 
 Role = Literal["prefill", "decode"]
+
+# Weight of each new gap in StepTimes' running means: a few dozen steps of memory.
+_STEP_ALPHA = 0.05
+
+
+class StepTimes:
+    """The gaps between chunks of the streams an engine sends through this router, apart while a
+    local prefill runs on it: the difference is what a prefill (slice) adds to each of its
+    decode steps, measured where the holder's other sessions feel it."""
+
+    __slots__ = ("local_prefills", "plain_s", "sliced_s")
+
+    def __init__(self) -> None:
+        self.local_prefills = 0
+        """Local turns sent to the engine whose first byte has not come back yet."""
+        self.plain_s: float | None = None
+        self.sliced_s: float | None = None
+
+    def observe(self, gap_s: float) -> None:
+        if self.local_prefills:
+            self.sliced_s = _running_mean(self.sliced_s, gap_s)
+        else:
+            self.plain_s = _running_mean(self.plain_s, gap_s)
+
+    @property
+    def added_s(self) -> float | None:
+        """Seconds a local prefill added to each decode step, once both kinds were seen."""
+        if self.plain_s is None or self.sliced_s is None:
+            return None
+        return max(self.sliced_s - self.plain_s, 0.0)
+
+    @contextlib.contextmanager
+    def local_prefill(self) -> Iterator[None]:
+        """Count a local turn's prefill for the duration of the block (until its first byte)."""
+        self.local_prefills += 1
+        try:
+            yield
+        finally:
+            self.local_prefills -= 1
+
+
+def _running_mean(mean: float | None, sample: float) -> float:
+    return sample if mean is None else mean + _STEP_ALPHA * (sample - mean)
 
 
 @dataclass(eq=False)
@@ -41,6 +84,27 @@ class Engine:
     failed_probes: int = 0
     lost_at: float = 0.0  # wall clock (holdings' clock) of the last refused connection
     answered_at: float = -math.inf  # monotonic time of the last answer seen from it
+    steps: StepTimes = field(default_factory=StepTimes)
+    step_s: float | None = None
+    """Running mean of the time its whole (non-streamed) steps take to serve, queue excluded: a
+    prefill engine's prompts."""
+    _last_step_end: float | None = field(default=None, repr=False)
+    _queued_at_last_end: bool = field(default=False, repr=False)
+
+    def observe_step(self, seconds: float) -> None:
+        """A whole step ended, ``seconds`` after it was sent (before it leaves ``inflight``).
+        Where other steps were in flight when the previous one ended, the engine was busy in
+        between, and the time since is this step's service (its own time includes its wait)."""
+        now = time.monotonic()
+        if self._last_step_end is not None and self._queued_at_last_end:
+            seconds = min(seconds, now - self._last_step_end)
+        self.step_s = _running_mean(self.step_s, seconds)
+        self._last_step_end, self._queued_at_last_end = now, self.inflight > 1
+
+    @property
+    def backlog_s(self) -> float:
+        """About how long a new step waits behind the ones in flight here (0 until measured)."""
+        return self.inflight * (self.step_s or 0.0)
 
     def mark_answered(self) -> None:
         self.answered_at = time.monotonic()

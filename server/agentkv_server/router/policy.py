@@ -3,9 +3,11 @@
 ``agentkv`` (:class:`CostModelPolicy`) predicts each path's time to first token from rates the
 router measures on its own steps (exponentially weighted line fits): continuing on the decode
 holder (``local``: the holder prefills only the turn's new tokens), pulling the held tokens to a
-prefill engine, or recomputing them there. ``local`` must also fit the budget for other
-sessions (settings.LocalPathSettings); holdings that would expire first are not used. It asks decode engines to retain KV for as long as the client's
-hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
+prefill engine, or recomputing them there. Both sides of a busy holder are priced: ``local``
+must keep the inter-token delay it adds to the holder's other sequences within a budget
+(settings.LocalPathSettings), and a pull's time is learned apart for busy holders, whose reads
+wait for their decode steps. Holdings that would expire first are not used. It asks decode
+engines to retain KV for as long as the client's hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
 threshold, the engines' fixed 480 s retention, no hints), ``upstream-best`` the same proxy once
 streamed turns report their holdings, and ``never`` always recomputes and asks engines to keep
 nothing: the benchmark's modes ``upstream``, ``upstream-best`` and ``recompute``. ``always``
@@ -33,6 +35,7 @@ __all__ = [
     "CostModelPolicy",
     "Decision",
     "LinearFit",
+    "LocalEstimate",
     "NeverPolicy",
     "PrefillSample",
     "ReusePolicy",
@@ -54,6 +57,9 @@ class Decision:
     path: KVPath
     """``LOCAL``, ``PULL`` or ``RECOMPUTE``."""
     reason: str
+    added_itl_s: float | None = None
+    """For ``local``: the inter-token delay predicted for the holder's running sequences per
+    decode step (0 on an idle holder); None for the other paths."""
 
     @property
     def reuse(self) -> bool:
@@ -66,20 +72,43 @@ class TurnLoad:
     """What the local path's choice needs beyond the holding.
 
     ``new_tokens``: the prompt's tokens beyond the holding; ``holder_running``: requests the
-    router has in flight on the holder (the sequences a local prefill would stall).
+    router has in flight on the holder (the sequences a local prefill would stall);
+    ``holder_added_s``: what a local prefill added to each of the holder's decode steps, as its
+    streams showed it (placement.StepTimes; None until seen); ``prefill_wait_s``: how long a
+    prefill step would wait behind those in flight on the least busy prefill engine.
     """
 
     new_tokens: int
     holder_running: int
+    holder_added_s: float | None = None
+    prefill_wait_s: float = 0.0
+
+    @property
+    def holder_busy(self) -> bool:
+        return self.holder_running > 0
+
+
+@dataclass(frozen=True)
+class LocalEstimate:
+    """The local path's predicted time to first token, and the inter-token delay it adds to
+    each decode step of the holder's running sequences (0 on an idle holder)."""
+
+    seconds: float
+    added_itl_s: float
+    measured: bool = True
+    """Whether ``added_itl_s`` is what the holder's streams showed; False: the bound of a
+    slice's prefill time, which overstates a sliced step's cost."""
 
 
 @dataclass(frozen=True)
 class PrefillSample:
-    """One measured prefill step: tokens computed, tokens pulled from a holder, its duration."""
+    """One measured prefill step: tokens computed, tokens pulled from a holder, its duration,
+    and whether the holder was decoding other sequences (its reads then wait for its steps)."""
 
     computed_tokens: int
     pulled_tokens: int
     seconds: float
+    holder_busy: bool = False
 
 
 class ReusePolicy(Protocol):
@@ -98,8 +127,9 @@ class ReusePolicy(Protocol):
 
     def observe(self, sample: PrefillSample) -> None: ...
 
-    def observe_local(self, new_tokens: int, seconds: float) -> None:
-        """A local turn's new tokens and its decode step's time to first byte."""
+    def observe_local(self, new_tokens: int, seconds: float, holder_busy: bool = False) -> None:
+        """A local turn's new tokens and its decode step's time to first byte; ``holder_busy``:
+        the holder was decoding other sequences (the prefill went in slices)."""
 
     def observe_handoff(self, seconds: float) -> None:
         """A decode step's time to first byte after a prefill step (reading P's new blocks)."""
@@ -146,20 +176,27 @@ def _accumulate(sums: list[float], x: float, y: float, weight: float) -> None:
 
 
 class CostModelPolicy:
-    """The path with the least predicted time to first token, within the local budget.
+    """The path with the least predicted time to first token, within the holder's TPOT budget.
 
     Prefill steps that pulled nothing fit ``seconds = fixed + per_token * computed``; steps that
     pulled fit the rest of their time, ``seconds - fixed - per_token * computed``, as
-    ``overhead + per_pulled_token * pulled``; local turns fit their decode step's time to first
-    byte against their new tokens; ``handoff`` is the running mean of a decode step's time to
-    first byte after a prefill step. Predicted, for H held and N new tokens:
+    ``overhead + per_pulled_token * pulled``, apart for idle and busy holders (a busy holder
+    serves the read between its decode steps). Local turns on an idle holder fit their decode
+    step's time to first byte against their new tokens; on a busy holder, where the prefill goes
+    in slices of ``slice_tokens``, against their number of slices. ``handoff`` is the running
+    mean of a decode step's time to first byte after a prefill step. Predicted, for H held and
+    N new tokens:
 
-    - local: ``local(N)``, paid on the holder, which stalls its running sequences as long;
+    - local, idle holder: ``local(N)``;
+    - local, busy holder: ``sliced(ceil(N / slice))``, and every decode step of the holder's
+      running sequences slowed by the slice's prefill, ``local_per_token * min(N, slice)``:
+      the delay the TPOT budget (``max_stall_s``) bounds;
     - pull: ``fixed + pull(H) + per_token * N``;
     - recompute: ``fixed + per_token * (H + N)``.
 
-    Pull and recompute are compared as they are (both then pay the handoff); local is compared
-    with them plus the handoff, since its own measurement already ends at the first byte.
+    Pull and recompute are compared as they are (both then pay the handoff, and both wait
+    behind the prompts in flight on P); local is compared with them plus the handoff and that
+    wait, since its own measurement already ends at the first byte and it needs no P.
     """
 
     name: PolicyName = "agentkv"
@@ -176,8 +213,11 @@ class CostModelPolicy:
         self._local_settings = local or LocalPathSettings()
         self._prefill = LinearFit(0.0, 1.0 / cost.prefill_tokens_per_s, cost.ewma_alpha)
         self._pull = LinearFit(cost.pull_overhead_s, 1.0 / cost.pull_tokens_per_s, cost.ewma_alpha)
-        # Until a local turn is measured, the holder is assumed to prefill at P's rate.
+        # Until measured, a busy holder's pull is predicted as an idle one's, a local turn on an
+        # idle holder at P's rate, and one on a busy holder from its slices (predicted_local).
+        self._busy_pull: LinearFit | None = None
         self._local: LinearFit | None = None
+        self._sliced: LinearFit | None = None
         self._handoff: float | None = None  # until measured: as if D answered at once after P
 
     @property
@@ -188,8 +228,9 @@ class CostModelPolicy:
     def prefill_s_per_token(self) -> float:
         return self._prefill.line()[1]
 
-    def predicted_pull_s(self, tokens: int) -> float:
-        overhead, per_token = self._pull.line()
+    def predicted_pull_s(self, tokens: int, holder_busy: bool = False) -> float:
+        fit = self._busy_pull if holder_busy and self._busy_pull is not None else self._pull
+        overhead, per_token = fit.line()
         return overhead + tokens * per_token
 
     def predicted_recompute_s(self, tokens: int) -> float:
@@ -201,10 +242,42 @@ class CostModelPolicy:
         return self._handoff or 0.0
 
     def predicted_local_s(self, new_tokens: int) -> float:
+        """The local path's time to first byte on an idle holder (the new part in one step)."""
         if self._local is None:
             return new_tokens * self.prefill_s_per_token
         fixed, per_token = self._local.line()
         return fixed + new_tokens * per_token
+
+    def slices(self, new_tokens: int) -> int:
+        """Decode steps a busy holder takes to prefill ``new_tokens`` (at least one)."""
+        size = self._local_settings.slice_tokens
+        if size == 0 or new_tokens <= size:
+            return 1
+        return -(-new_tokens // size)
+
+    def predicted_local(self, load: TurnLoad) -> LocalEstimate:
+        """The local path's time to first byte and the delay it adds to the holder's steps."""
+        new = load.new_tokens
+        if not load.holder_busy:
+            return LocalEstimate(self.predicted_local_s(new), 0.0)
+        added = self._slice_s(new, load.holder_added_s)
+        measured = load.holder_added_s is not None or self._local_settings.slice_tokens == 0
+        if self._sliced is None:  # each slice rides on one of the holder's decode steps
+            return LocalEstimate(self.slices(new) * (self.handoff_s + added), added, measured)
+        fixed, per_slice = self._sliced.line()
+        return LocalEstimate(fixed + self.slices(new) * per_slice, added, measured)
+
+    def _slice_s(self, new_tokens: int, measured_s: float | None = None) -> float:
+        """What one slice of the new part adds to a decode step of the holder: as its streams
+        showed it for a whole slice (scaled to a shorter part), else the slice's prefill time
+        at the local rate (an upper bound: a step's decodes and its prefill share the work of
+        reading the weights; measured 80-135 ms against a bound of 250 ms for 64 tokens on the
+        CPU stack, docs/router.md)."""
+        size = self._local_settings.slice_tokens or new_tokens
+        if measured_s is not None and size > 0:
+            return measured_s * min(new_tokens, size) / size
+        per_token = self._local.line()[1] if self._local is not None else self.prefill_s_per_token
+        return min(new_tokens, size) * per_token
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         remaining_s = holding.remaining_s(now)
@@ -212,27 +285,33 @@ class CostModelPolicy:
             return Decision(KVPath.RECOMPUTE, "expiring")
         held = holding.num_tokens
         new = load.new_tokens if load is not None else 0
+        wait_s = load.prefill_wait_s if load is not None else 0.0
+        read_s = self.predicted_pull_s(held, load is not None and load.holder_busy)
         fixed = self._prefill.line()[0]
-        pull_s = fixed + self.predicted_pull_s(held) + self.predicted_recompute_s(new)
+        pull_s = fixed + read_s + self.predicted_recompute_s(new)
         recompute_s = fixed + self.predicted_recompute_s(held + new)
         refused = None
         if load is not None and self._local_settings.enabled:
-            local_s = self.predicted_local_s(load.new_tokens)
-            refused = self._local_refusal(load, local_s)
-            if refused is None and local_s <= min(pull_s, recompute_s) + self.handoff_s:
-                return Decision(KVPath.LOCAL, "local_fastest")
-        if remaining_s < self.predicted_pull_s(held) + self._cost.expiry_guard_s:
+            local = self.predicted_local(load)
+            refused = self._local_refusal(load, local)
+            on_prefill_s = min(pull_s, recompute_s) + wait_s + self.handoff_s
+            if refused is None and local.seconds <= on_prefill_s:
+                return Decision(KVPath.LOCAL, "local_fastest", local.added_itl_s)
+        # The pull reads the holding once P gets to it: it must still be there then.
+        if remaining_s < wait_s + read_s + self._cost.expiry_guard_s:
             return Decision(KVPath.RECOMPUTE, "expiring")
         if pull_s >= recompute_s:
             return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
         return Decision(KVPath.PULL, refused or "pull_cheaper")
 
-    def _local_refusal(self, load: TurnLoad, local_s: float) -> str | None:
+    def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""
         limits = self._local_settings
         if load.new_tokens > limits.max_new_tokens:
             return "new_part_too_long"
-        if load.holder_running > 0 and local_s > limits.max_stall_s:
+        # A sliced prefill whose cost the holder's streams have not shown yet is tried: the
+        # bound overstates it, and only a local turn beside running sequences measures it.
+        if local.measured and local.added_itl_s > limits.max_stall_s:
             return "stall_over_budget"
         return None
 
@@ -252,11 +331,25 @@ class CostModelPolicy:
         elif sample.pulled_tokens >= floor:
             fixed, per_token = self._prefill.line()
             pull_s = sample.seconds - fixed - per_token * sample.computed_tokens
-            self._pull.add(sample.pulled_tokens, max(pull_s, 0.0))
+            self._pull_fit(sample.holder_busy).add(sample.pulled_tokens, max(pull_s, 0.0))
 
-    def observe_local(self, new_tokens: int, seconds: float) -> None:
+    def _pull_fit(self, holder_busy: bool) -> LinearFit:
+        if not holder_busy:
+            return self._pull
+        if self._busy_pull is None:
+            self._busy_pull = LinearFit(*self._pull.line(), self._cost.ewma_alpha)
+        return self._busy_pull
+
+    def observe_local(self, new_tokens: int, seconds: float, holder_busy: bool = False) -> None:
+        alpha = self._cost.ewma_alpha
+        if holder_busy:
+            if self._sliced is None:
+                per_slice = self.handoff_s + self._slice_s(new_tokens)
+                self._sliced = LinearFit(0.0, per_slice, alpha)
+            self._sliced.add(self.slices(new_tokens), seconds)
+            return
         if self._local is None:
-            self._local = LinearFit(0.0, self.prefill_s_per_token, self._cost.ewma_alpha)
+            self._local = LinearFit(0.0, self.prefill_s_per_token, alpha)
         self._local.add(new_tokens, seconds)
 
     def observe_handoff(self, seconds: float) -> None:
@@ -284,7 +377,7 @@ class _FixedPolicy:
     def observe(self, sample: PrefillSample) -> None:
         return None
 
-    def observe_local(self, new_tokens: int, seconds: float) -> None:
+    def observe_local(self, new_tokens: int, seconds: float, holder_busy: bool = False) -> None:
         return None
 
     def observe_handoff(self, seconds: float) -> None:

@@ -63,6 +63,8 @@ class Turn:
     failures: list[EngineFailure] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""
+    added_itl_s: float | None = None
+    """A local turn's predicted delay per decode step of the holder's other sequences."""
 
     @property
     def wire(self) -> WireFormat:
@@ -92,8 +94,12 @@ class Turn:
         return headers
 
     def server_timing(self) -> str:
-        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds)."""
-        return ", ".join([f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()])
+        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds), and a local
+        turn's predicted stall of the holder's other sequences per decode step."""
+        timing = ", ".join([f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()])
+        if self.added_itl_s is None:
+            return timing
+        return f"{timing}, stall;dur={self.added_itl_s * 1000:.1f}"
 
     def breakdown(self) -> str:
         return " ".join([f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items()])

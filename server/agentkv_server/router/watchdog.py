@@ -86,13 +86,14 @@ class Watchdog:
         (frozen); asked by a stream that went silent (upstream.DecodeStream)."""
         return await probe_health(self._http, engine, self._liveness_timeout) == "timeout"
 
-    async def run(self, engine: Engine, step: Awaitable[T]) -> T:
-        """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing.
+    async def run(self, engine: Engine, step: Awaitable[T], *, stall_s: float | None = None) -> T:
+        """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing
+        (its engine's counters flat for ``stall_s``, default ``faults.stall_s``).
 
         The step runs in the caller's task; a watcher task exists only while a step is slow or
         its engine was not heard from lately (most steps end before either), and aborts the
         step by cancelling the caller."""
-        watch = _StepWatch(self, engine)
+        watch = _StepWatch(self, engine, stall_s or self._settings.stall_s)
         if engine.answered_within(self._settings.liveness_cache_s):
             self._watch_later(watch)
         else:
@@ -135,7 +136,9 @@ class Watchdog:
             del unwatched[watch]
             watch.start(waited=True)
 
-    async def _watch(self, engine: Engine, done: asyncio.Future[None], *, waited: bool) -> None:
+    async def _watch(
+        self, engine: Engine, done: asyncio.Future[None], *, waited: bool, stall_s: float
+    ) -> None:
         """Probe ``engine`` until ``done``; EngineFailure when it hangs or stalls. ``waited``:
         the step has run ``progress_every_s`` already, and the engine answered lately."""
         if not waited:
@@ -164,8 +167,8 @@ class Watchdog:
             unanswered = 0
             if now_reading != reading:
                 reading, changed = now_reading, time.monotonic()
-            elif time.monotonic() - changed >= self._settings.stall_s:
-                raise EngineFailure(engine, "stall", f"no progress in {self._settings.stall_s:g} s")
+            elif time.monotonic() - changed >= stall_s:
+                raise EngineFailure(engine, "stall", f"no progress in {stall_s:g} s")
 
     async def _answers_at_start(self, engine: Engine, done: asyncio.Future[None]) -> None:
         """Raise ``hang`` when an engine not heard from lately leaves its health probes
@@ -226,11 +229,12 @@ class _StepWatch:
     connection (vLLM aborts the request).
     """
 
-    __slots__ = ("_done", "_engine", "_owner", "_watchdog", "failure")
+    __slots__ = ("_done", "_engine", "_owner", "_stall_s", "_watchdog", "failure")
 
-    def __init__(self, watchdog: Watchdog, engine: Engine) -> None:
+    def __init__(self, watchdog: Watchdog, engine: Engine, stall_s: float) -> None:
         self._watchdog = watchdog
         self._engine = engine
+        self._stall_s = stall_s
         self._owner = asyncio.current_task()
         self._done: asyncio.Future[None] | None = None
         self.failure: EngineFailure | None = None
@@ -244,7 +248,7 @@ class _StepWatch:
 
     async def _watch(self, done: asyncio.Future[None], waited: bool) -> None:
         try:
-            await self._watchdog._watch(self._engine, done, waited=waited)
+            await self._watchdog._watch(self._engine, done, waited=waited, stall_s=self._stall_s)
         except EngineFailure as failure:
             if not done.done() and self._owner is not None:
                 # Should the step's answer arrive in this very loop iteration, it is lost to

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agentkv_server.bench.pressure import PressureWorkload
@@ -44,7 +46,9 @@ def test_overrides_take_the_command_lines_meanings() -> None:
         session_counts=(2, 3), history_tokens=(300, 400), turns=2, gap_median_s=0.05
     )
     assert changed.session_counts == (2, 3) and changed.history_tokens == (300, 400)
-    assert changed.turns == (2, 2) and changed.start_spread_s == pytest.approx(0.5)
+    assert changed.turns == (2, 2) and changed.start_window_s == pytest.approx(0.5)
+    spread = replace(WORKLOAD, start_spread_s=30.0).with_overrides(gap_median_s=0.05)
+    assert spread.start_window_s == 30.0  # a spread given stays: it is about arrivals
     assert WORKLOAD.with_overrides(history_tokens=(1000,)).history_tokens == (1000, 1000)
     with pytest.raises(ConfigError):
         WORKLOAD.with_overrides(history_tokens=(1, 2, 3))
@@ -53,21 +57,21 @@ def test_overrides_take_the_command_lines_meanings() -> None:
 @pytest.mark.parametrize(
     "fields",
     [{"session_counts": ()}, {"history_tokens": (6000, 2000)}, {"turns": (0, 3)},
-     {"idle_share": 1.5}, {"gap_median_s": 0.0}],
+     {"idle_share": 1.5}, {"gap_median_s": 0.0}, {"start_spread_s": -1.0}],
 )  # fmt: skip
 def test_bad_shapes_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         PressureWorkload(**{**WORKLOAD.__dict__, **fields})
 
 
-def test_the_preset_overfills_one_gib_of_smollm2_decode_kv() -> None:
-    """~23k tokens of SmolLM2-135M fp32 KV fit in 1 GiB (46,080 bytes a token): the smallest
-    sweep point fits, the largest does not."""
+def test_the_preset_overfills_its_decode_engines_kv() -> None:
+    """The decode engine gets 8,192 tokens of KV (SmolLM2-135M fp32, 46,080 bytes a token:
+    0.35 GiB of its 1 GiB): the smallest sweep point's histories fit, the largest's do not."""
     preset = PRESETS["pressure"]
     assert preset.measures == "pressure" and preset.model == "smollm2"
     assert preset.kv_cache_gib == 1 and preset.pressure is not None
-    capacity = 2**30 // 46_080
+    assert preset.decode_kv_tokens == 8192 < 2**30 // 46_080
     counts = preset.pressure.session_counts
     held = {n: sum(s.history_tokens for s in preset.pressure.sessions(n)) for n in counts}
-    assert held[min(counts)] < capacity < held[max(counts)]
+    assert held[min(counts)] < preset.decode_kv_tokens < held[max(counts)]
     assert preset.workload.sessions == max(counts)  # texts for every session

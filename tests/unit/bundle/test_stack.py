@@ -113,9 +113,28 @@ def test_plan_for_a_router_started_elsewhere_as_bench_runs_it(tmp_path: Path) ->
     )
     prefill, decode = Stack(config).plan()
     assert prefill.engine_args == ("--max-model-len", "4096", "--no-enable-prefix-caching")
-    assert decode.engine_args == ("--max-model-len", "4096")
+    assert decode.engine_args == (*config.slice_args, "--max-model-len", "4096")
     assert decode.env["AGENTKV_ROUTER_URL"] == "http://127.0.0.1:9123"
     assert decode.command()[-2:] == ["--max-model-len", "4096"]
+
+
+@pytest.mark.parametrize("slice_tokens", [0, 48])
+def test_decode_engines_slice_prefills_as_the_router_prices_them(
+    tmp_path: Path, slice_tokens: int
+) -> None:
+    """The router prices a local turn on a busy holder per slice (local.slice_tokens): its
+    decode engines cut prefills beside running sequences at that size, its prefill engines
+    never; the user's own engine arguments come after, so that they can override."""
+    config = StackConfig(
+        model=str(tmp_path),
+        log_dir=tmp_path,
+        engine_args=("--max-model-len", "4096"),
+        router_settings={"local": {"slice_tokens": slice_tokens}},
+    )
+    prefill, decode = Stack(config).plan()
+    sliced = ("--long-prefill-token-threshold", "48") if slice_tokens else ()
+    assert decode.engine_args == (*sliced, "--max-model-len", "4096")
+    assert "--long-prefill-token-threshold" not in prefill.engine_args
 
 
 def test_a_long_context_test_model_gets_kv_cache_for_a_full_length_sequence(

@@ -35,10 +35,15 @@ def holding(session: str, tokens: int, clock: Clock, *, expires_in: float = 600.
     return Holding(session, URL, "m", params, tokens, clock.now + expires_in, clock.now)
 
 
+# The settings this file's figures are worked out for (half the KV for holdings; abandoned
+# after 3 x the hinted gap + 5 s), whatever the defaults.
+WORKED_OUT = {"retained_fraction": 0.5, "abandon_factor": 3.0, "abandon_slack_s": 5.0}
+
+
 def ledger_with(clock: Clock, **settings: object) -> tuple[CapacityLedger, RouterMetrics]:
     metrics = RouterMetrics()
     ledger = CapacityLedger(
-        CapacitySettings.model_validate(settings),
+        CapacitySettings.model_validate({**WORKED_OUT, **settings}),
         metrics,
         default_gap_s=120.0,
         prefill_s_per_token=lambda: S_PER_TOKEN,
@@ -311,7 +316,10 @@ async def keeper_with_ledger() -> tuple[HoldingKeeper, ResilientStore, Engine]:
         retry_after_s=1,
     )
     ledger = CapacityLedger(
-        CapacitySettings(), metrics, default_gap_s=120.0, prefill_s_per_token=lambda: S_PER_TOKEN
+        CapacitySettings.model_validate(WORKED_OUT),
+        metrics,
+        default_gap_s=120.0,
+        prefill_s_per_token=lambda: S_PER_TOKEN,
     )
     engine = Engine()
     keeper = HoldingKeeper(
@@ -362,7 +370,7 @@ def hints(next_turn_s: float) -> dict[str, str]:
 
 
 async def test_the_router_releases_the_far_off_session_when_the_decode_engine_is_full(make_router):
-    router = await make_router()
+    router = await make_router(capacity=WORKED_OUT)
     decode = router.decode[0]
     decode.kv_capacity_tokens = 2000  # holdings may fill 1000: three 310-token sessions
     await router.chat(conversation(1, 300), session="far", headers=hints(300.0))

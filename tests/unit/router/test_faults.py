@@ -77,7 +77,9 @@ async def test_failed_pull_step_is_retried_cold(make_router):
 
 
 async def test_stalled_pull_is_retried_cold_without_dropping_the_prefill_engine(make_router):
-    router = await make_router(timeouts={"pull_s": 0.3})
+    # pull_s is the stall limit of a pulling step (other steps keep faults.stall_s, 60 s here)
+    slow_stall = FAST_WATCHDOG["faults"] | {"stall_s": 60.0}
+    router = await make_router(faults=slow_stall, timeouts={"pull_s": 0.3})
     await router.chat(conversation(1, 500), session="s1")
     router.prefill[0].faults.append("hang")  # as when the holder dies mid-transfer
 
@@ -403,6 +405,32 @@ async def test_frozen_prefill_engine_is_left_for_another(make_router):
     assert len(router.prefill[1].completions()) == 1
     assert router.state.prefill.engines[0].healthy is False
     assert await router.metric('agentkv_engine_errors_total{kind="hang",role="prefill"}') == 1
+
+
+async def test_pull_queued_on_a_busy_prefill_engine_waits_past_pull_s(make_router):
+    """Found on the pressure preset: with twelve sessions' prompts queued on P, pulls that
+    waited their turn were given up at pull_s (30 s) as stalled and recomputed, which queued
+    more work on the same P. A P whose counters move is busy, not stalled: the pull waits."""
+    slow_stall = FAST_WATCHDOG["faults"] | {"stall_s": 60.0}
+    router = await make_router(faults=slow_stall, timeouts={"pull_s": 0.3})
+    await router.chat(conversation(1, 500), session="s1")
+    prefill = router.prefill[0]
+    prefill.delay_s = 1.0  # the pull waits behind other prompts, three pull_s long
+
+    async def other_prompts() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            prefill.prompt_tokens_total += 100  # P computes them meanwhile
+
+    busy = asyncio.create_task(other_prompts())
+    try:
+        response = await router.chat(conversation(2, 500), session="s1")
+    finally:
+        busy.cancel()
+
+    assert response.headers["x-agentkv-kv-path"] == "reuse"
+    assert len(prefill.pulled) == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 0
 
 
 async def test_pull_without_progress_is_retried_cold_long_before_the_pull_timeout(make_router):

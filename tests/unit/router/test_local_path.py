@@ -11,9 +11,11 @@ from agentkv_server.router import (
     CostModelPolicy,
     KVPath,
     NeverPolicy,
+    PrefillSample,
     TurnLoad,
     UpstreamPolicy,
 )
+from agentkv_server.router.placement import StepTimes
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
 from agentkv_server.testing.harness import conversation, words
@@ -27,12 +29,15 @@ def held(tokens: int, remaining_s: float = 100.0) -> Holding:
 
 
 def cost_model(**local: object) -> CostModelPolicy:
+    """The cost model at 2000 tokens/s; the holder prefills a new part in one step unless the
+    test gives ``slice_tokens``."""
     cost = CostModelSettings(
         prefill_tokens_per_s=2000,
         pull_tokens_per_s=50000,
         pull_overhead_s=0.05,
     )
-    return CostModelPolicy(cost, RetentionSettings(), LocalPathSettings(**local))
+    local = {"slice_tokens": 0, **local}
+    return CostModelPolicy(cost, RetentionSettings(), LocalPathSettings.model_validate(local))
 
 
 def idle(new_tokens: int) -> TurnLoad:
@@ -61,6 +66,84 @@ def test_stall_budget_applies_only_while_the_holder_decodes_others():
     assert policy.decide(held(3000), NOW, TurnLoad(200, holder_running=4)).path is KVPath.LOCAL
     decision = policy.decide(held(3000), NOW, TurnLoad(300, holder_running=4))
     assert (decision.path, decision.reason) == (KVPath.PULL, "stall_over_budget")
+
+
+def busy(new_tokens: int) -> TurnLoad:
+    return TurnLoad(new_tokens=new_tokens, holder_running=2)
+
+
+def test_sliced_prefill_adds_one_slice_per_step_to_the_holders_sequences():
+    """On a busy holder the engine prefills ``slice_tokens`` per decode step, so the budget
+    bounds one slice's time, not the whole new part's (300 tokens at 2000 tok/s: 150 ms)."""
+    unsliced = cost_model(max_stall_s=0.05)
+    decision = unsliced.decide(held(3000), NOW, busy(300))
+    assert (decision.path, decision.reason) == (KVPath.PULL, "stall_over_budget")
+
+    sliced = cost_model(max_stall_s=0.05, slice_tokens=64)  # 64 tokens: 32 ms per step
+    local = sliced.predicted_local(busy(300))
+    assert local.added_itl_s == pytest.approx(64 / 2000)
+    assert sliced.slices(300) == 5
+    assert local.seconds == pytest.approx(5 * 64 / 2000)  # no handoff measured yet
+    decision = sliced.decide(held(3000), NOW, busy(300))
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_fastest")
+    assert decision.added_itl_s == pytest.approx(0.032)
+    assert sliced.predicted_local(idle(300)).added_itl_s == 0.0  # an idle holder: one step
+
+
+def test_busy_holders_local_time_is_learned_per_slice():
+    """Each slice rides on one of the holder's decode steps, so a sliced prefill takes as many
+    of its steps: once measured slow, busy follow-ups pull while idle ones stay local."""
+    policy = cost_model(max_stall_s=0.05, slice_tokens=64)
+    assert policy.decide(held(3000), NOW, busy(300)).path is KVPath.LOCAL
+    for _ in range(30):  # 5 slices in 1.5 s: the holder steps every 0.3 s
+        policy.observe_local(300, 1.5, holder_busy=True)
+    assert policy.predicted_local(busy(300)).seconds == pytest.approx(1.5, rel=0.05)
+    assert policy.predicted_local(busy(100)).seconds == pytest.approx(0.6, rel=0.05)
+    assert policy.decide(held(3000), NOW, busy(300)).path is KVPath.PULL
+    assert policy.decide(held(3000), NOW, idle(300)).path is KVPath.LOCAL
+
+
+def test_what_slices_add_to_the_holders_steps_is_taken_from_its_streams():
+    """The rate bound counts a slice's whole prefill time; a decode step that carries it
+    shares the work of reading the weights, so the holder's streams show less. Once they have
+    shown it, the budget is checked against what they showed (scaled to a shorter part)."""
+    policy = cost_model(max_stall_s=0.02, slice_tokens=64)  # bound: 64 / 2000 = 32 ms
+    unseen = policy.decide(held(3000), NOW, busy(300))
+    assert (unseen.path, unseen.added_itl_s) == (KVPath.LOCAL, pytest.approx(0.032))  # tried
+    seen = TurnLoad(new_tokens=300, holder_running=2, holder_added_s=0.015)
+    decision = policy.decide(held(3000), NOW, seen)
+    assert (decision.path, decision.added_itl_s) == (KVPath.LOCAL, pytest.approx(0.015))
+    over = TurnLoad(new_tokens=300, holder_running=2, holder_added_s=0.025)
+    assert policy.decide(held(3000), NOW, over).reason == "stall_over_budget"
+    short = TurnLoad(new_tokens=32, holder_running=2, holder_added_s=0.015)
+    assert policy.predicted_local(short).added_itl_s == pytest.approx(0.0075)
+
+
+def test_step_times_tell_a_holders_plain_steps_from_those_carrying_a_prefill():
+    steps = StepTimes()
+    assert steps.added_s is None
+    for _ in range(200):
+        steps.observe(0.080)
+    assert steps.added_s is None  # no step with a prefill seen yet
+    with steps.local_prefill():
+        for _ in range(200):
+            steps.observe(0.130)
+    assert steps.local_prefills == 0
+    assert steps.added_s == pytest.approx(0.050, abs=0.001)
+
+
+def test_pulls_from_busy_holders_are_learned_apart():
+    """A busy holder serves P's read between its decode steps: those pulls are slower, and
+    must not make pulls from idle holders look slow (or the reverse)."""
+    policy = cost_model()
+    idle_before = policy.predicted_pull_s(3000)
+    for _ in range(30):
+        policy.observe(PrefillSample(100, 3000, 0.05 + 2.0, holder_busy=True))
+    assert policy.predicted_pull_s(3000, holder_busy=True) > 10 * idle_before
+    assert policy.predicted_pull_s(3000) == pytest.approx(idle_before)
+    decision = policy.decide(held(3000), NOW, TurnLoad(new_tokens=600, holder_running=2))
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "new_part_too_long")
+    assert policy.decide(held(3000), NOW, idle(600)).path is KVPath.PULL
 
 
 def test_refused_local_with_a_tiny_history_recomputes():
@@ -186,7 +269,7 @@ async def test_long_tool_result_is_pulled_to_prefill(make_router):
 
 async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_router):
     # The stub prefills at 0.1 ms/token: 200 new tokens stall the holder's batch ~20 ms.
-    router = await make_router(local={"enabled": True, "max_stall_s": 0.005})
+    router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 0})
     first = conversation(1, 500)
     await router.chat(first, session="s1")
     engine = router.state.decode.get(router.decode[0].url)
@@ -199,6 +282,28 @@ async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_route
     second = tool_result(first, 200)
     response = await router.chat(tool_result(second, 200), session="s1")  # holder idle again
     assert response.headers["x-agentkv-kv-path"] == "local"
+
+
+async def test_busy_holder_takes_a_sliced_part_and_says_what_it_costs_its_batch(make_router):
+    # 200 new tokens at the stub's 0.1 ms/token: ~20 ms in one step (over the budget: the test
+    # above), 4 ms in slices of 40, and tried while the holder's streams have shown no cost.
+    router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40})
+    first = conversation(1, 500)
+    await router.chat(first, session="s1")
+    engine = router.state.decode.get(router.decode[0].url)
+    assert engine is not None
+
+    with engine.busy():
+        response = await router.chat(tool_result(first, 200), session="s1")
+
+    assert response.headers["x-agentkv-kv-path"] == "local"
+    timing = dict(
+        entry.strip().split(";dur=") for entry in response.headers["server-timing"].split(",")
+    )
+    assert float(timing["stall"]) > 0  # ms per decode step of the holder's batch (predicted)
+    decisions = 'agentkv_path_decisions_total{path="local",reason="local_fastest"}'
+    assert await router.metric(decisions) == 1
+    assert await router.metric("agentkv_local_added_itl_seconds_count") == 1
 
 
 async def test_streamed_local_turn_teaches_the_local_rate(make_router):

@@ -72,8 +72,8 @@ def test_small_samples_teach_nothing(policy: CostModelPolicy):
     ("hints", "expected"),
     [
         (TurnHints(), 120.0),
-        (TurnHints(next_turn_seconds=1.0), 12.0),
-        (TurnHints(next_turn_seconds=0.0), 10.0),
+        (TurnHints(next_turn_seconds=1.0), 62.0),  # x 2 + 60 s of slack
+        (TurnHints(next_turn_seconds=0.0), 60.0),
         (TurnHints(next_turn_seconds=10_000.0), 600.0),
         (TurnHints(next_turn_seconds=5.0, session_end=True), 0.0),
     ],

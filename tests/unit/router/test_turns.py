@@ -203,7 +203,7 @@ async def test_retention_follows_the_next_turn_hint_and_header_beats_body(make_r
         agentkv={"next_turn_seconds": 1000.0},
     )
     (decode,) = router.decode[0].completions()
-    assert decode.kv_params["agentkv_retention_seconds"] == 20 * 2.0 + 10.0
+    assert decode.kv_params["agentkv_retention_seconds"] == 20 * 2.0 + 60.0
 
 
 async def test_session_end_asks_the_engine_to_keep_nothing(make_router):

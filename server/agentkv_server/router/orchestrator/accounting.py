@@ -28,9 +28,11 @@ def account_prefill(
     answer: dict[str, Any],
     pulled_from: Holding | None,
     seconds: float,
+    holder_busy: bool = False,
 ) -> bool:
     """Reused and computed tokens from P's usage, and a rate sample for the policy. False when
-    P was to pull ``pulled_from`` and recomputed instead.
+    P was to pull ``pulled_from`` and recomputed instead. ``holder_busy``: the holder had
+    requests in flight when the turn was planned.
 
     Reused tokens are P's ``prompt_tokens_details.cached_tokens`` when the engine reports
     them; otherwise the holding's ``remote_num_tokens`` clipped to the prompt. A reported
@@ -53,7 +55,8 @@ def account_prefill(
         turn.prompt_tokens = prompt_tokens
         already = cached if cached is not None else turn.reused_tokens
         turn.computed_tokens = max(prompt_tokens - already, 0)
-        policy.observe(PrefillSample(turn.computed_tokens, turn.reused_tokens, seconds))
+        sample = PrefillSample(turn.computed_tokens, turn.reused_tokens, seconds, holder_busy)
+        policy.observe(sample)
     return pulled
 
 
@@ -74,7 +77,8 @@ def account_local(
     if prompt_tokens is not None:
         turn.computed_tokens = max(prompt_tokens - turn.reused_tokens, 0)
     if turn.request.stream:  # a non-streamed answer's time includes its whole decode
-        policy.observe_local(turn.computed_tokens, turn.phases["decode"])
+        busy = plan.holder_running > 0
+        policy.observe_local(turn.computed_tokens, turn.phases["decode"], holder_busy=busy)
 
 
 def record_turn(metrics: RouterMetrics, turn: Turn) -> None:

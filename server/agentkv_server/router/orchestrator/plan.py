@@ -42,6 +42,11 @@ class Plan(NamedTuple):
     """The holding's decode engine, when the plan continues on it (``local``) or pulls from it."""
     prompt_tokens: int | None = None
     """The prompt's tokens as the holder counted them; None when it was not asked."""
+    holder_running: int = 0
+    """Requests the router had in flight on the holder when the turn was planned: the
+    sequences a local prefill slows, and whose steps a pull's read waits for."""
+    added_itl_s: float | None = None
+    """For ``local``: the delay predicted per decode step of the holder's running sequences."""
 
     @property
     def holder_url(self) -> str | None:
@@ -74,11 +79,14 @@ class Planner:
         if holder is not None and not holder.may_serve_holding(holding.issued_at):
             holder = None
         prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
+        running = holder.inflight if holder is not None else 0
         load = None
         if holder is not None and prompt_tokens is not None:
             new_tokens = max(prompt_tokens - holding.num_tokens, 0)
-            load = TurnLoad(new_tokens=new_tokens, holder_running=holder.inflight)
+            waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
+            load = TurnLoad(new_tokens, running, holder.steps.added_s, min(waits, default=0.0))
         decision = services.policy.decide(holding, time.time(), load)
+        services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
         logger.debug(
             "session %s: %s (%s) held=%d new=%s holder_running=%s",
             key,
@@ -93,7 +101,10 @@ class Planner:
         if holder is None or not await self._answers(holder):
             # The holder cannot answer: a pull would wait on it.
             return Plan(retention_s, KVPath.FALLBACK, holding, prompt_tokens=prompt_tokens)
-        return Plan(retention_s, decision.path, holding, holder, prompt_tokens)
+        return Plan(
+            retention_s, decision.path, holding, holder, prompt_tokens, running,
+            decision.added_itl_s,
+        )  # fmt: skip
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
         """The prompt's tokens on the holder, for the local path's choice; None when the policy

@@ -99,7 +99,12 @@ class Relay:
 
     async def _pass_on(self, relayed: Relayed) -> AsyncIterator[bytes]:
         editor = self._editor
+        steps, last = relayed.engine.steps, None
         async for chunk in relayed.stream.chunks():
+            now = time.monotonic()
+            if last is not None:  # the first chunk came before the relay
+                steps.observe(now - last)
+            last = now
             head, final = editor.feed(chunk)
             if head:
                 yield head

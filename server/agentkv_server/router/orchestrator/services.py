@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,6 @@ class StepTimeouts:
     """Each kind of step's deadline, with the connect and pool waits all steps share."""
 
     prefill: Timeout
-    pull: Timeout
     decode: Timeout
     tokenize: Timeout
 
@@ -53,7 +53,6 @@ class StepTimeouts:
 
         return cls(
             prefill=step(timeouts.prefill_s),
-            pull=step(min(timeouts.pull_s, timeouts.prefill_s)),
             decode=step(timeouts.decode_s),
             tokenize=step(timeouts.tokenize_s),
         )
@@ -132,15 +131,26 @@ class Services:
         return ticket.ticket
 
     async def post(
-        self, turn: Turn, engine: Engine, body: dict[str, Any], timeout: Timeout
+        self,
+        turn: Turn,
+        engine: Engine,
+        body: dict[str, Any],
+        timeout: Timeout,
+        *,
+        stall_s: float | None = None,
     ) -> dict[str, Any]:
-        """One non-streamed step on ``engine``: counted in flight, under the watchdog."""
+        """One non-streamed step on ``engine``: counted in flight, under the watchdog (which
+        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run)."""
         engine.request_started()  # as engine.busy(), without a generator per step
+        began = time.monotonic()
         try:
-            return await self.watchdog.run(
+            answer = await self.watchdog.run(
                 engine,
                 post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
+                stall_s=stall_s,
             )
+            engine.observe_step(time.monotonic() - began)
+            return answer
         finally:
             engine.request_finished()
 

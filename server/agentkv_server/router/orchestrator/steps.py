@@ -85,11 +85,16 @@ class PrefillAttempt(Attempt[Prefilled]):
             params = wire.cold_prefill_params()
         began = time.monotonic()
         body = turn.wire.prefill_body(turn.request.body, params)
-        timeout = services.timeouts.pull if pulling else services.timeouts.prefill
-        answer = await services.post(turn, engine, body, timeout)
+        # A pull is given up once P makes no progress for pull_s, not after pull_s in all: on a
+        # busy P it waits its turn behind other prompts (docs/router.md, "Failure handling").
+        settings = services.settings
+        stall_s = min(settings.timeouts.pull_s, settings.faults.stall_s) if pulling else None
+        answer = await services.post(turn, engine, body, services.timeouts.prefill, stall_s=stall_s)
         seconds = time.monotonic() - began
         pulled_from = plan.holding if pulling else None
-        pulled = account_prefill(turn, services.policy, answer, pulled_from, seconds)
+        pulled = account_prefill(
+            turn, services.policy, answer, pulled_from, seconds, plan.holder_running > 0
+        )
         returned = answer.get(wire.KV_TRANSFER_PARAMS)
         # How P's pull from the holder went (taken out: D must not take it for its own).
         services.pairs.record_params(engine.url, plan.holder_url if pulling else None, returned)
@@ -193,7 +198,11 @@ class DecodeAttempt(Attempt[Response]):
             wants_ids = bool(body.get("return_token_ids"))
             editor = ResumableStream(endpoint, client_wants_ids=wants_ids)
             body = tracked_body(endpoint, body)
-        stream = await services.open_stream(turn, engine, body)
+        if turn.local:  # the other streams' gaps until its first byte show what it costs
+            with engine.steps.local_prefill():
+                stream = await services.open_stream(turn, engine, body)
+        else:
+            stream = await services.open_stream(turn, engine, body)
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             account_local(turn, self._plan, services.policy, None)
