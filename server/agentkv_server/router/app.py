@@ -153,9 +153,9 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
 
 
 def _make_ledger(settings: Settings, policy: ReusePolicy, metrics: RouterMetrics) -> CapacityLedger:
-    """The capacity ledger; it sheds holdings only where the policy can release them."""
+    """The capacity ledger; it sheds holdings only where the policy manages capacity."""
     capacity = settings.capacity
-    if not policy.sends_hints:
+    if not policy.manages_capacity:
         capacity = capacity.model_copy(update={"enabled": False})
     return CapacityLedger(
         capacity,

@@ -118,6 +118,9 @@ class ReusePolicy(Protocol):
     release). False for engines that only speak upstream's protocol."""
     considers_local: bool
     """Whether :meth:`decide` may choose ``local`` (then the router counts new tokens)."""
+    manages_capacity: bool
+    """Whether the router keeps this policy's holdings within each decode engine's budget
+    (capacity.py). vLLM's proxy, which the upstream policies imitate, has nothing of the kind."""
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         """``load`` None: the new part is unknown, so the turn cannot go ``local``."""
@@ -201,6 +204,7 @@ class CostModelPolicy:
 
     name: PolicyName = "agentkv"
     sends_hints = True
+    manages_capacity = True
 
     def __init__(
         self,
@@ -390,6 +394,7 @@ class UpstreamPolicy(_FixedPolicy):
     name: PolicyName = "upstream"
     sends_hints = False
     considers_local = False
+    manages_capacity = False
     THRESHOLD_TOKENS = 64
     RETENTION_S = 480.0
 
@@ -406,7 +411,8 @@ class UpstreamBestPolicy(UpstreamPolicy):
     """vLLM's example proxy once streamed turns report their params: the same threshold and
     fixed retention, but each decode step carries a ticket, so a streamed turn's holding reaches
     the router as a non-streamed one's does. The retention it sends is the engines' fixed 480 s
-    whatever the client hints, so the ticket changes what is learned, not what is kept."""
+    whatever the client hints, and nothing is released for capacity, so the ticket changes what
+    is learned, not what is kept."""
 
     name: PolicyName = "upstream-best"
     sends_hints = True
@@ -418,6 +424,7 @@ class NeverPolicy(_FixedPolicy):
     name: PolicyName = "never"
     sends_hints = True
     considers_local = False
+    manages_capacity = False  # it keeps nothing
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         return Decision(KVPath.RECOMPUTE, "disabled")

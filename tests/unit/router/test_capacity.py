@@ -394,6 +394,22 @@ async def test_the_router_releases_the_far_off_session_when_the_decode_engine_is
     assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
 
 
+async def test_upstream_at_its_best_keeps_every_holding_as_vllms_proxy_would(make_router):
+    """vLLM's proxy knows nothing of capacity: its engines keep every turn 480 s. Found on the
+    pressure preset, where upstream-best's holdings went through agentkv's ledger and were
+    released for room, which flattered it."""
+    router = await make_router(policy="upstream-best", capacity=WORKED_OUT)
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000  # the same four sessions as above, over agentkv's budget
+    for session in ("far", "a", "b", "c"):
+        await router.chat(conversation(1, 300), session=session)
+    await router.state.keeper.drain()
+
+    assert decode.released == []
+    assert await router.state.store.count() == 4
+    assert await router.metric('agentkv_kv_releases_total{reason="pressure"}') == 0
+
+
 async def test_a_decode_step_that_would_not_fit_beside_holdings_releases_them_first(make_router):
     router = await make_router()
     decode = router.decode[0]
