@@ -86,15 +86,23 @@ class Watchdog:
         (frozen); asked by a stream that went silent (upstream.DecodeStream)."""
         return await probe_health(self._http, engine, self._liveness_timeout) == "timeout"
 
-    async def run(self, engine: Engine, step: Awaitable[T], *, stall_s: float | None = None) -> T:
+    async def run(
+        self,
+        engine: Engine,
+        step: Awaitable[T],
+        *,
+        stall_s: float | None = None,
+        probe_first: bool = True,
+    ) -> T:
         """``step``'s result, or EngineFailure ``hang``/``stall`` once it stops progressing
         (its engine's counters flat for ``stall_s``, default ``faults.stall_s``).
 
         The step runs in the caller's task; a watcher task exists only while a step is slow or
         its engine was not heard from lately (most steps end before either), and aborts the
-        step by cancelling the caller."""
+        step by cancelling the caller. ``probe_first`` False: no health probes as the step
+        starts, only the progress reads (an engine retried after answering them late)."""
         watch = _StepWatch(self, engine, stall_s or self._settings.stall_s)
-        if engine.answered_within(self._settings.liveness_cache_s):
+        if not probe_first or engine.answered_within(self._settings.liveness_cache_s):
             self._watch_later(watch)
         else:
             watch.start(waited=False)

@@ -472,6 +472,26 @@ async def test_frozen_only_prefill_engine_is_found_by_health_probes_as_the_step_
     assert await router.metric('agentkv_engine_errors_total{kind="hang",role="prefill"}') == 1
 
 
+async def test_the_only_decode_engine_answering_its_probes_late_is_tried_again(make_router):
+    """Found on the pressure preset: a busy decode engine's API server left two 0.5 s health
+    probes unanswered, the turn's only decode engine was given up as hung, and a cold turn
+    failed with 502. It refused nothing: with no other engine, it is tried again."""
+    router = await make_router(**SLOW_PROGRESS)
+    decode = router.decode[0]
+    decode.frozen = True
+
+    async def busy_for_a_moment() -> None:
+        await asyncio.sleep(1.5)  # past two unanswered probes, then it answers again
+        decode.frozen = False
+
+    thaw = asyncio.create_task(busy_for_a_moment())
+    response = await asyncio.wait_for(router.chat(conversation(1, 50)), 10)
+    await thaw
+
+    assert response.status_code == 200
+    assert await router.metric('agentkv_engine_errors_total{kind="hang",role="decode"}') >= 1
+
+
 async def test_frozen_decode_engine_is_left_for_another_before_its_progress_is_read(make_router):
     router = await make_router(n_decode=2, **SLOW_PROGRESS)
     router.decode[0].frozen = True

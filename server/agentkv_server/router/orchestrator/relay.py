@@ -99,12 +99,14 @@ class Relay:
 
     async def _pass_on(self, relayed: Relayed) -> AsyncIterator[bytes]:
         editor = self._editor
-        steps, last = relayed.engine.steps, None
+        engine = relayed.engine
+        steps, last = engine.steps, None
         async for chunk in relayed.stream.chunks():
             now = time.monotonic()
             if last is not None:  # the first chunk came before the relay
                 steps.observe(now - last)
-            last = now
+            # An engine whose streams flow is not frozen: no health probe before its next step.
+            engine.answered_at = last = now
             head, final = editor.feed(chunk)
             if head:
                 yield head

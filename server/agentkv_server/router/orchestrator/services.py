@@ -138,6 +138,7 @@ class Services:
         timeout: Timeout,
         *,
         stall_s: float | None = None,
+        probe_first: bool = True,
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog (which
         ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run)."""
@@ -148,13 +149,16 @@ class Services:
                 engine,
                 post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
                 stall_s=stall_s,
+                probe_first=probe_first,
             )
             engine.observe_step(time.monotonic() - began)
             return answer
         finally:
             engine.request_finished()
 
-    async def open_stream(self, turn: Turn, engine: Engine, body: dict[str, Any]) -> DecodeStream:
+    async def open_stream(
+        self, turn: Turn, engine: Engine, body: dict[str, Any], *, probe_first: bool = True
+    ) -> DecodeStream:
         """A decode stream whose first chunk is in, counted in flight until its relay ends."""
         engine.request_started()
         faults = self.settings.faults
@@ -176,6 +180,7 @@ class Services:
                         probes=faults.unanswered_probes,
                     ),
                 ),
+                probe_first=probe_first,
             )
         except BaseException:
             engine.request_finished()

@@ -119,7 +119,7 @@ class DecodeAttempt(Attempt[Response]):
     """D: the client's answer, with P's KV (``prefilled``) or decode-only, or on ``holder``
     alone (a local turn)."""
 
-    __slots__ = ("_holder", "_plan", "_prefilled", "_retention_s")
+    __slots__ = ("_holder", "_patient", "_plan", "_prefilled", "_retention_s")
 
     def __init__(
         self,
@@ -135,6 +135,7 @@ class DecodeAttempt(Attempt[Response]):
         self._prefilled = prefilled
         self._holder = holder
         self._retention_s = services.kept_s(plan.retention_s)
+        self._patient = False  # after probes went unanswered: judged by its progress alone
 
     def pick(self, excluded: Sequence[Engine]) -> Engine | None:
         if self._holder is not None:
@@ -163,7 +164,16 @@ class DecodeAttempt(Attempt[Response]):
             # D may have been waiting on P's KV (P gone after its step): the next D computes
             # the prompt itself rather than wait on the same transfer.
             self._prefilled = None
+        if failure.kind == "hang" and self._only_decode_engine(failure.engine):
+            # Its health probes went unanswered, but it refused nothing: a busy core answers
+            # late too (on the pressure preset a loaded decode engine's cold turn failed so).
+            # With no other engine, it is tried again and judged by its progress alone.
+            self._patient = True
+            return Then.AGAIN
         return Then.ELSEWHERE
+
+    def _only_decode_engine(self, engine: Engine) -> bool:
+        return all(other is engine for other in self.services.decode.engines)
 
     @property
     def _tokens(self) -> int:
@@ -177,7 +187,9 @@ class DecodeAttempt(Attempt[Response]):
     async def _complete(self, engine: Engine, body: dict[str, Any], ticket: str | None) -> Response:
         services, turn = self.services, self.turn
         began = time.monotonic()
-        answer = await services.post(turn, engine, body, services.timeouts.decode)
+        answer = await services.post(
+            turn, engine, body, services.timeouts.decode, probe_first=not self._patient
+        )
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             account_local(turn, self._plan, services.policy, answer)
@@ -198,11 +210,12 @@ class DecodeAttempt(Attempt[Response]):
             wants_ids = bool(body.get("return_token_ids"))
             editor = ResumableStream(endpoint, client_wants_ids=wants_ids)
             body = tracked_body(endpoint, body)
+        probe_first = not self._patient
         if turn.local:  # the other streams' gaps until its first byte show what it costs
             with engine.steps.local_prefill():
-                stream = await services.open_stream(turn, engine, body)
+                stream = await services.open_stream(turn, engine, body, probe_first=probe_first)
         else:
-            stream = await services.open_stream(turn, engine, body)
+            stream = await services.open_stream(turn, engine, body, probe_first=probe_first)
         turn.phases["decode"] = time.monotonic() - began
         if turn.local:
             account_local(turn, self._plan, services.policy, None)
