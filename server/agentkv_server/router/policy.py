@@ -275,7 +275,7 @@ class CostModelPolicy:
         """What one slice of the new part adds to a decode step of the holder: as its streams
         showed it for a whole slice (scaled to a shorter part), else the slice's prefill time
         at the local rate (an upper bound: a step's decodes and its prefill share the work of
-        reading the weights; measured 80-135 ms against a bound of 250 ms for 64 tokens on the
+        reading the weights; measured 80-190 ms against a bound of ~250 ms for 64 tokens on the
         CPU stack, docs/router.md)."""
         size = self._local_settings.slice_tokens or new_tokens
         if measured_s is not None and size > 0:
