@@ -7,8 +7,9 @@ prefill engine, or recomputing them there. Both sides of a busy holder are price
 must keep the inter-token delay it adds to the holder's other sequences within a budget
 (settings.LocalPathSettings), and a pull's time is learned apart for busy holders, whose reads
 wait for their decode steps. Holdings that would expire first are not used. It asks decode
-engines to retain KV for as long as the client's hints say the next turn is away. ``upstream`` imitates vLLM's example proxy (a fixed 64-token
-threshold, the engines' fixed 480 s retention, no hints), ``upstream-best`` the same proxy once
+engines to retain KV for as long as the client's hints say the next turn is away.
+``upstream`` imitates vLLM's example proxy (a fixed 64-token threshold, the engines' fixed
+480 s retention, no hints), ``upstream-best`` the same proxy once
 streamed turns report their holdings, and ``never`` always recomputes and asks engines to keep
 nothing: the benchmark's modes ``upstream``, ``upstream-best`` and ``recompute``. ``always``
 pulls every holding that will not expire first, whatever it costs (retention as ``agentkv``):
@@ -192,8 +193,9 @@ class CostModelPolicy:
 
     - local, idle holder: ``local(N)``;
     - local, busy holder: ``sliced(ceil(N / slice))``, and every decode step of the holder's
-      running sequences slowed by the slice's prefill, ``local_per_token * min(N, slice)``:
-      the delay the TPOT budget (``max_stall_s``) bounds;
+      running sequences slowed by what a slice adds there, as its streams showed it (until
+      they have: at most the slice's prefill, ``local_per_token * min(N, slice)``): the delay
+      the TPOT budget (``max_stall_s``) bounds;
     - pull: ``fixed + pull(H) + per_token * N``;
     - recompute: ``fixed + per_token * (H + N)``.
 
