@@ -193,6 +193,10 @@ def test_negative_decoders_are_refused(capsys: pytest.CaptureFixture[str]) -> No
     assert "decoders must be >= 0" in capsys.readouterr().err
 
 
+ENGINE_OPTIONS: dict[str, object] = {}
+"""What bench asked ``local_engines`` for besides the model (local_stub_stack)."""
+
+
 @pytest.fixture
 def local_stub_stack(
     stubs: StubThread, router_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -205,9 +209,14 @@ def local_stub_stack(
     (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))
     started: list[str] = []
 
+    ENGINE_OPTIONS.clear()
+
     @contextlib.contextmanager
-    def local_engines(model: str, log_dir: Path, **_: object) -> Iterator[tuple[Deployment, Path]]:
+    def local_engines(
+        model: str, log_dir: Path, **options: object
+    ) -> Iterator[tuple[Deployment, Path]]:
         started.append(model)
+        ENGINE_OPTIONS.update(options)
         decode = stubs.engine("decode").url
         yield (
             Deployment("stub-model", (stubs.engine("prefill").url,), (decode,), (decode,),
@@ -232,6 +241,7 @@ def test_preset_long_sweeps_each_path_on_the_local_stack(
     code = bench("--preset", "long", "--history-tokens", "300,1200", *argv, "--out", str(out))
     assert code == 0
     assert local_stub_stack == [model]
+    assert ENGINE_OPTIONS["decode_kv_tokens"] is None  # D gets all its KV cache
     data = json.loads((out / JSON_NAME).read_text())
     assert is_path_sweep(data) and data["config"]["kv_bytes_per_token"] == 8192
     sweep = PathSweep.from_dict(data)
@@ -321,6 +331,8 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     code = bench("--preset", "pressure", *shape, "--modes", ",".join(modes), "--out", str(out))
     assert code == 0
     assert local_stub_stack == ["smollm2"]
+    # the preset's small decode cache, and aggregated's own engine asked for
+    assert ENGINE_OPTIONS["decode_kv_tokens"] == 8192 and ENGINE_OPTIONS["aggregated"] is True
     data = json.loads((out / JSON_NAME).read_text())
     assert data["config"]["measures"] == "pressure"
     rows = {(r["mode"], r["sessions"]): r for r in data["pressure"]}
