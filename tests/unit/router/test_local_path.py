@@ -267,13 +267,19 @@ async def test_long_tool_result_is_pulled_to_prefill(make_router):
     assert len(router.prefill[0].pulled) == 1
 
 
-async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_router):
-    # The stub prefills at 0.1 ms/token: 200 new tokens stall the holder's batch ~20 ms.
-    router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 0})
+async def held_session(router):  # type: ignore[no-untyped-def]
+    """A first turn of 500 words held on the only decode engine, and that engine."""
     first = conversation(1, 500)
     await router.chat(first, session="s1")
     engine = router.state.decode.get(router.decode[0].url)
     assert engine is not None
+    return first, engine
+
+
+async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_router):
+    # The stub prefills at 0.1 ms/token: 200 new tokens stall the holder's batch ~20 ms.
+    router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 0})
+    first, engine = await held_session(router)
 
     with engine.busy():  # a sequence of another session decoding on the holder
         response = await router.chat(tool_result(first, 200), session="s1")
@@ -288,10 +294,7 @@ async def test_busy_holder_takes_a_sliced_part_and_says_what_it_costs_its_batch(
     # 200 new tokens at the stub's 0.1 ms/token: ~20 ms in one step (over the budget: the test
     # above), 4 ms in slices of 40, and tried while the holder's streams have shown no cost.
     router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40})
-    first = conversation(1, 500)
-    await router.chat(first, session="s1")
-    engine = router.state.decode.get(router.decode[0].url)
-    assert engine is not None
+    first, engine = await held_session(router)
 
     with engine.busy():
         response = await router.chat(tool_result(first, 200), session="s1")
