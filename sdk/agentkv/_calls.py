@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Final, ParamSpec
 
-from agentkv._results import finish_reason, kv_path, reused_tokens, server_timing
+from agentkv._results import finish_reason, kv_path, kv_reason, reused_tokens, server_timing
 from agentkv._session import Session, TurnInfo, current_session
 from agentkv._tagging import TurnTags, headers_to_add, is_tool_continuation, tag_body
 
@@ -153,6 +153,7 @@ class ModelCall:
             ttft_seconds=ttft,
             finish_reason=self._finish_reason,
             server_timing=server_timing(self._headers),
+            kv_reason=kv_reason(self._headers),
         )
         self._session._complete_turn(info, ended_at=ended_at)
 

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from agentkv import protocol
 
-__all__ = ["finish_reason", "kv_path", "reused_tokens", "server_timing"]
+__all__ = ["finish_reason", "kv_path", "kv_reason", "reused_tokens", "server_timing"]
 
 _TERMINAL_RESPONSE_STATUSES: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -38,6 +38,19 @@ def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
                 except ValueError:
                     pass
     return steps
+
+
+def kv_reason(headers: Mapping[str, str]) -> str | None:
+    """Why the router chose the turn's KV path: the ``desc`` of its ``plan`` step."""
+    for entry in (headers.get(protocol.HEADER_SERVER_TIMING) or "").split(","):
+        name, _, params = entry.strip().partition(";")
+        if name != "plan":
+            continue
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "desc" and value.strip('"'):
+                return value.strip('"')
+    return None
 
 
 def finish_reason(result: Mapping[str, Any]) -> str | None:

@@ -50,6 +50,9 @@ class TurnInfo:
     finish_reason: str | None
     server_timing: Mapping[str, float] = field(default_factory=dict)
     """The router's steps before the first byte, in seconds (protocol.md section 3)."""
+    kv_reason: str | None = None
+    """Why the router chose ``kv_path`` (e.g. ``none_held``, ``pull_cheaper``; protocol.md
+    section 3); None without a router or a session."""
 
 
 class Session:

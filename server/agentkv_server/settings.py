@@ -178,7 +178,7 @@ class CapacitySettings(_Frozen):
     Holdings may fill ``retained_fraction`` of it; the rest is for the turns running there, and a
     decode step that would not fit beside the holdings makes the least valuable ones go first. A
     holding with no turn for ``abandon_factor`` times its client-hinted gap plus ``abandon_slack_s``
-    is abandoned and released.
+    is abandoned: the first to go when room is needed.
     """
 
     enabled: bool = Field(True, description="False: holdings are bounded by their expiry only")
@@ -197,7 +197,7 @@ class CapacitySettings(_Frozen):
     )
     abandon_slack_s: float = Field(30.0, ge=0, description="added to the abandon threshold")
     sweep_s: float = Field(
-        1.0, gt=0, description="how often expired and abandoned holdings are looked for"
+        1.0, gt=0, description="how often holdings whose retention ran out are forgotten"
     )
 
 

@@ -55,6 +55,9 @@ class PressureRow:
     preemptions: int | None
     peak_kv_tokens: int | None
     peak_kv_fraction: float | None
+    missed: dict[str, int]
+    """Follow-ups that did not reuse their history, by the router's reason for their path
+    (``?``: none said)."""
 
     @property
     def share(self) -> float | None:
@@ -103,7 +106,13 @@ def _row(result: BenchResult, mode: str, sessions: int) -> PressureRow:
         preemptions=_sum(w.preemptions for w in windows),
         peak_kv_tokens=max((w.peak_kv_tokens or 0 for w in peaks), default=None),
         peak_kv_fraction=max((w.peak_kv_fraction or 0.0 for w in peaks), default=None),
+        missed=_missed(followups),
     )
+
+
+def _missed(followups: list[TurnRecord]) -> dict[str, int]:
+    reasons = sorted(r.kv_reason or "?" for r in followups if not reused_history(r))
+    return {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
 
 
 def _clairvoyance(records: list[TurnRecord], windows: list[PressureWindow]) -> Clairvoyance | None:
@@ -160,14 +169,17 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
             "furthest ahead). TTFT: client-side, over follow-ups, repeats pooled. Waited: decode "
             f"engine requests queued over {threshold:g} s before being scheduled "
             "(`vllm:request_queue_time_seconds`); preempted: `vllm:num_preemptions`. Peak KV: "
-            "the most the decode engine held, sampled every second."
+            "the most the decode engine held, sampled every second. Missed: the follow-ups "
+            "that did not reuse their history, by the router's reason for their path "
+            "(`none_held`: the session's holding was released or had expired; docs/protocol.md "
+            "section 3)."
         ),
         "",
         (
             "| sessions | mode | turns | failed | reused | clairvoyant | of clairvoyant "
-            "| TTFT p50 (s) | TTFT p99 (s) | waited | preempted | peak KV |"
+            "| TTFT p50 (s) | TTFT p99 (s) | waited | preempted | peak KV | missed |"
         ),
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(_row_line(r) for r in sorted(rows, key=lambda r: r.sessions)),
     ]
     return "\n".join(lines) + "\n"
@@ -192,6 +204,7 @@ def _row_line(r: PressureRow) -> str:
         _count(r.waited_requests),
         _count(r.preemptions),
         peak,
+        ", ".join(f"{reason} {count}" for reason, count in r.missed.items()) or "-",
     ]
     return "| " + " | ".join(cells) + " |"
 

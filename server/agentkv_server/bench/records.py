@@ -16,7 +16,8 @@ class TurnRecord:
     ``latency_s`` to the stream's end. ``reused_tokens`` is what the prefill engine pulled from a
     decode holder (router header ``x-agentkv-reused-tokens``) or, without a router, what the
     engine's prefix cache served (``usage.prompt_tokens_details.cached_tokens``); ``None`` when
-    neither was reported. ``decode_kv_usage`` is the decode engines' KV cache in use right after
+    neither was reported. ``kv_reason``: why the router chose ``kv_path`` (docs/protocol.md
+    section 3). ``decode_kv_usage`` is the decode engines' KV cache in use right after
     the turn (``vllm:kv_cache_usage_perc``, 0..1), ``decode_kv_tokens`` the same in tokens.
 
     The breakdown of a routed turn: ``plan_s``, ``prefill_s`` and ``decode_s`` (D step to its
@@ -41,6 +42,7 @@ class TurnRecord:
     output_tokens: int | None = None
     reused_tokens: int | None = None
     kv_path: str | None = None
+    kv_reason: str | None = None
     decode_kv_usage: float | None = None
     decode_kv_tokens: int | None = None
     plan_s: float | None = None

@@ -304,6 +304,7 @@ class Runner:
                 output_tokens=getattr(usage, "completion_tokens", None),
                 reused_tokens=_reused(info, usage),
                 kv_path=info.kv_path if info else None,
+                kv_reason=info.kv_reason if info else None,
                 plan_s=timing.get("plan"),
                 prefill_s=timing.get("prefill"),
                 decode_s=timing.get("decode"),

@@ -15,9 +15,11 @@ occupies until then::
 ``s_per_token`` is the policy's fitted prefill rate; ``wait_s`` the predicted time left until
 the next turn (at least ``_MIN_WAIT_S``; once overdue, growing with the silence); ``chance``
 that the turn comes: the confidence of the prediction (a client hint, else this session's
-measured gap, else every session's), decaying once the predicted moment has passed. Holdings
-past ``abandon_factor`` times their gap are abandoned; expired ones are gone. The ledger only
-decides; the keeper (holdings.py) takes what it names out of the store and releases it.
+measured gap, else every session's), decaying once the predicted moment has passed. A holding
+silent for ``abandon_factor`` times its hinted gap is abandoned: worth nothing, the first to go
+when room is needed, but not released before (with memory to spare, releasing it can only cost
+a recompute: tool gaps are heavy-tailed). Expired ones are gone. The ledger only decides; the
+keeper (holdings.py) takes what it names out of the store and releases it.
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ __all__ = ["CapacityLedger", "EngineKV", "Held", "ReleaseReason", "holding_value
 
 ReleaseReason = Literal["pressure", "live_turn", "session_end", "abandoned", "expired"]
 """``pressure``: a new holding did not fit the budget; ``live_turn``: a decode step needed the
-room; ``session_end``: the session ended; ``abandoned``: no turn for far longer than predicted;
-``expired``: its retention ran out (the engine freed it itself)."""
+room; ``session_end``: the session ended; ``abandoned``: room was needed (either way) and the
+holding had had no turn for far longer than predicted; ``expired``: its retention ran out (the
+engine freed it itself)."""
 
 # Chance that the next turn comes, by what predicted it: the client said when (the SDK sends a
 # prediction only when it expects another call), the session's own past gaps, or nothing.
 _HINTED, _MEASURED, _UNKNOWN = 1.0, 0.75, 0.5
+# Where an abandoned holding ranks: below every value (which is never negative).
+_ABANDONED = -1.0
 # A turn predicted any moment now still occupies its KV for about a step's time.
 _MIN_WAIT_S = 1.0
 # Weight of each new sample in the running means (all sessions' gap, a decode step's tokens), and
@@ -85,7 +90,7 @@ class Held:
         are heavy-tailed, so a gap measured or guessed from other sessions (0.5 s last time)
         says little about the next one (a minute-long tool call), and releasing such a
         holding with memory to spare costs a recompute for nothing. Its value still decays
-        with the silence, so under pressure it goes first anyway."""
+        with the silence, so under pressure it goes early anyway."""
         if self.confidence < _HINTED:
             return False
         limit = self.gap_s * settings.abandon_factor + settings.abandon_slack_s
@@ -236,44 +241,45 @@ class CapacityLedger:
         if entry is not None and (holding is None or entry.holding == holding):
             self._pop(session_key)
 
-    def sweep(self) -> list[Holding]:
-        """Drop expired holdings; the abandoned ones, to release."""
+    def sweep(self) -> None:
+        """Forget the holdings whose retention ran out (the engines freed them)."""
         now = self._clock()
-        abandoned = []
         for engine in self._engines.values():
             for key, entry in list(engine.held.items()):
                 if entry.holding.expires_at <= now:
                     self._pop(key)
                     self._metrics.record_kv_release("expired")
-                elif entry.abandoned(now, self._settings):
-                    self._pop(key)
-                    self._metrics.record_kv_release("abandoned")
-                    abandoned.append(entry.holding)
-        return abandoned
 
     def _shed(
         self, engine: EngineKV, over: Callable[[], bool], reason: ReleaseReason
     ) -> list[Holding]:
-        """The least valuable holdings of ``engine``, in order, while ``over()``."""
+        """The least valuable holdings of ``engine``, abandoned ones first, in order, while
+        ``over()``."""
         if not over():  # the common case: no ranking on a turn's path
             return []
         now = self._clock()
         s_per_token = self._s_per_token()
         per_token = engine.bytes_per_token or 1.0
         ranked = [
-            (holding_value(entry, now, s_per_token, per_token), -entry.tokens, key)
+            (self._worth(entry, now, s_per_token, per_token), -entry.tokens, key)
             for key, entry in engine.held.items()
         ]
         heapq.heapify(ranked)  # most often one or two go: no full sort
         victims = []
         while ranked and over():
-            key = heapq.heappop(ranked)[2]
+            worth, _, key = heapq.heappop(ranked)
             entry = engine.held[key]
             self._pop(key)
             _bounded_put(self._pressed, key, entry.tokens)
-            self._metrics.record_kv_release(reason)
+            self._metrics.record_kv_release("abandoned" if worth == _ABANDONED else reason)
             victims.append(entry.holding)
         return victims
+
+    def _worth(self, entry: Held, now: float, s_per_token: float, per_token: float) -> float:
+        """A holding's value, or below any value for an abandoned one."""
+        if entry.abandoned(now, self._settings):
+            return _ABANDONED
+        return holding_value(entry, now, s_per_token, per_token)
 
     def _weigh(self, holding: Holding, next_turn_s: float | None) -> Held:
         if next_turn_s is not None:

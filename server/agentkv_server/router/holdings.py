@@ -6,10 +6,10 @@ turn, issues tickets, records what decode engines report, ends sessions and rele
 A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
 sends the release request of docs/protocol.md section 5 so the engine frees it now. Releases
-run in the background: they never delay a client's turn.
+run in the background, but for those a decode step must wait for to fit (``make_room``).
 
 With a capacity ledger (capacity.py) the keeper also keeps each decode engine's holdings within
-budget: the holdings the ledger names (least valuable under pressure, abandoned) are taken out
+budget: the holdings the ledger names (abandoned ones, then the least valuable) are taken out
 of the store first, so that no turn can plan a pull of blocks being freed, then released.
 """
 
@@ -213,23 +213,23 @@ class HoldingKeeper:
 
     def start(self) -> None:
         """Hear of holdings that other routers sharing the store recorded for this one, and
-        look for expired and abandoned holdings every ``sweep_s``."""
+        forget expired holdings every ``sweep_s``."""
         self._watch = asyncio.create_task(
             self._store.watch_recorded(self._recorded_elsewhere), name="agentkv-recorded"
         )
         if self._ledger is not None:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="agentkv-sweep")
 
-    async def sweep(self) -> None:
-        """Forget expired holdings and release abandoned ones now."""
+    def sweep(self) -> None:
+        """Forget the holdings that expired (the engines freed them themselves)."""
         if self._ledger is not None:
-            await self._evict(self._ledger.sweep())
+            self._ledger.sweep()
 
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self._sweep_s)
             try:
-                await self.sweep()
+                self.sweep()
             except Exception:  # the next sweep tries again; the loop must outlive a bad one
                 logger.exception("sweeping holdings failed")
 

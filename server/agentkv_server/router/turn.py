@@ -65,6 +65,9 @@ class Turn:
     """Seconds per step, for the breakdown: plan, prefill, decode (to first byte), report."""
     added_itl_s: float | None = None
     """A local turn's predicted delay per decode step of the holder's other sequences."""
+    reason: str | None = None
+    """Why the plan chose its path (the ``reason`` label of ``agentkv_path_decisions_total``,
+    or ``none_held`` / ``holder_silent``); None without a session."""
 
     @property
     def wire(self) -> WireFormat:
@@ -94,12 +97,15 @@ class Turn:
         return headers
 
     def server_timing(self) -> str:
-        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds), and a local
-        turn's predicted stall of the holder's other sequences per decode step."""
-        timing = ", ".join([f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()])
-        if self.added_itl_s is None:
-            return timing
-        return f"{timing}, stall;dur={self.added_itl_s * 1000:.1f}"
+        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds, the plan's
+        reason as its ``desc``), and a local turn's predicted stall of the holder's other
+        sequences per decode step."""
+        entries = [f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()]
+        if self.reason is not None and "plan" in self.phases:
+            entries[list(self.phases).index("plan")] += f';desc="{self.reason}"'
+        if self.added_itl_s is not None:
+            entries.append(f"stall;dur={self.added_itl_s * 1000:.1f}")
+        return ", ".join(entries)
 
     def breakdown(self) -> str:
         return " ".join([f"{name}={s * 1000:.1f}ms" for name, s in self.phases.items()])

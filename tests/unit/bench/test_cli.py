@@ -346,6 +346,9 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
         assert row["clairvoyant_followups"] == row["followups"] > 0
         assert row["ttft_p99_s"] >= row["ttft_p50_s"] > 0
     assert rows[("recompute", 4)]["share"] == 0.0
+    # every missed follow-up with the router's reason for it (aggregated has no router)
+    missed = rows[("recompute", 4)]["missed"]
+    assert sum(missed.values()) == rows[("recompute", 4)]["followups"] and "?" not in missed
     assert rows[("upstream-best", 2)]["share"] == 1.0  # streamed turns reused, room for both
     assert all(0 < row["clairvoyant_share"] <= 1.0 for row in rows.values())
     assert (out / PRESSURE_PLOT).is_file()

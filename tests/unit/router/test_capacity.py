@@ -217,7 +217,9 @@ def test_running_steps_count_against_the_room():
 # -- sweeps, ends, gaps, lost reuse -----------------------------------------------------------
 
 
-def test_expired_holdings_are_dropped_and_abandoned_ones_released():
+def test_expired_holdings_are_forgotten_and_abandoned_ones_kept_while_there_is_room():
+    """Found on the pressure preset: released at once, a holding silent for 10 x a 0.3 s hint
+    + 30 s lost its reuse 0.2 s before a 33.2 s tool call ended, with the engine not full."""
     clock = Clock()
     ledger, metrics = ledger_with(clock)  # abandoned after 3 x gap + 5 s
     ledger.add(holding("gone", 100, clock, expires_in=10.0), next_turn_s=60.0)
@@ -225,29 +227,47 @@ def test_expired_holdings_are_dropped_and_abandoned_ones_released():
     ledger.add(holding("fine", 100, clock), next_turn_s=60.0)
 
     clock.now += 21.0
-    abandoned = ledger.sweep()
+    ledger.sweep()
 
-    assert [victim.session_key for victim in abandoned] == ["quiet"]
-    assert set(ledger.engine(URL).held) == {"fine"}
+    assert set(ledger.engine(URL).held) == {"quiet", "fine"}
     assert releases(metrics, "expired") == 1
+    assert releases(metrics, "abandoned") == 0
+
+
+def test_an_abandoned_holding_goes_before_any_other_when_room_is_needed():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    ledger.add(holding("quiet", 2000, clock), next_turn_s=5.0)
+    ledger.add(holding("far", 2000, clock), next_turn_s=3000.0)
+    clock.now += 21.0  # quiet is abandoned (3 x 5 + 5 s), yet still worth more than far
+    assert value(ledger.engine(URL).held["quiet"], clock.now) > value(
+        ledger.engine(URL).held["far"], clock.now
+    )
+
+    victims = ledger.make_room(URL, 7000, running=0)  # 4000 held + 7001 > 10 000
+
+    assert [victim.session_key for victim in victims] == ["quiet"]
     assert releases(metrics, "abandoned") == 1
+    assert releases(metrics, "live_turn") == 0
 
 
 def test_a_holding_without_a_client_hint_is_never_abandoned():
     """Its gap is a guess from the fleet or from its own last gap (tool gaps are heavy-tailed):
-    a slow tool is not an abandoned agent. The engine's retention still ends it."""
+    a slow tool is not an abandoned agent. Its value decays with the silence instead."""
     clock = Clock()
     ledger, metrics = ledger_with(clock)
     fast = holding("fast", 100, clock)
     ledger.add(fast, next_turn_s=None)
     clock.now += 2.0
     ledger.taken("fast", fast)  # the fleet's gaps: 2 s
-    ledger.add(holding("new", 100, clock, expires_in=600.0), next_turn_s=None)
-    ledger.add(holding("fast", 100, clock, expires_in=600.0), next_turn_s=None)  # measured: 2 s
+    ledger.add(holding("new", 2000, clock, expires_in=600.0), next_turn_s=None)
+    ledger.add(holding("fast", 2000, clock, expires_in=600.0), next_turn_s=None)  # measured: 2 s
 
     clock.now += 300.0  # far past 3 x 2 s + 5 s
-    assert ledger.sweep() == []
-    assert set(ledger.engine(URL).held) == {"new", "fast"}
+    victims = ledger.make_room(URL, 7000, running=0)
+
+    assert len(victims) == 1
+    assert releases(metrics, "live_turn") == 1
     assert releases(metrics, "abandoned") == 0
 
 
@@ -440,17 +460,26 @@ async def test_deleting_a_session_counts_a_session_end_release(make_router):
     assert await router.metric("agentkv_kv_held_tokens") == 0
 
 
-async def test_an_abandoned_session_is_released_by_the_sweep(make_router):
+async def test_an_abandoned_session_stays_until_a_decode_step_needs_its_room(make_router):
     router = await make_router(capacity={"abandon_factor": 1.0, "abandon_slack_s": 0.0})
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000
     await router.chat(conversation(1, 300), session="s1", headers=hints(0.01))
-    (held_id,) = router.decode[0].retained
+    (held_id,) = decode.retained
     ledger = router.state.ledger
-    entry = ledger.engine(router.decode[0].url).held["s1"]
+    entry = ledger.engine(decode.url).held["s1"]
     ledger._clock = lambda: entry.recorded_at + 1.0  # a second late for a 10 ms gap
 
-    await router.state.keeper.sweep()
+    router.state.keeper.sweep()
+    await router.chat(conversation(1, 1000))  # fits beside it
+    await router.state.keeper.drain()
+    assert decode.released == []
+    assert await router.state.store.count() == 1
+
+    await router.chat(conversation(1, 1800))  # does not
     await router.state.keeper.drain()
 
-    assert router.decode[0].released == [held_id]
+    assert decode.released == [held_id]
     assert await router.state.store.count() == 0
     assert await router.metric('agentkv_kv_releases_total{reason="abandoned"}') == 1
+    assert await router.metric('agentkv_kv_releases_total{reason="live_turn"}') == 0

@@ -259,12 +259,24 @@ async def test_follow_up_goes_local_without_prefill_or_transfer(make_router, cap
 async def test_long_tool_result_is_pulled_to_prefill(make_router):
     router = await make_router(local={"enabled": True, "max_new_tokens": 100})
     first = conversation(1, 500)
-    await router.chat(first, session="s1")
+    cold = await router.chat(first, session="s1")
 
     response = await router.chat(tool_result(first, 300), session="s1")
 
     assert response.headers["x-agentkv-kv-path"] == "reuse"
     assert len(router.prefill[0].pulled) == 1
+    # Each turn's plan says why: the first had nothing held; this one's new part was too long.
+    assert plan_reason(cold) == "none_held"
+    assert plan_reason(response) == "new_part_too_long"
+    decisions = 'agentkv_path_decisions_total{path="reuse",reason="new_part_too_long"}'
+    assert await router.metric(decisions) == 1
+
+
+def plan_reason(response) -> str:  # type: ignore[no-untyped-def]
+    """The ``desc`` of the plan step in a response's ``Server-Timing``."""
+    plan = response.headers["server-timing"].split(",")[0].strip()
+    assert plan.startswith("plan;dur=")
+    return plan.partition(";desc=")[2].strip('"')
 
 
 async def held_session(router):  # type: ignore[no-untyped-def]

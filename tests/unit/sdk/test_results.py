@@ -1,4 +1,4 @@
-from agentkv._results import finish_reason, kv_path, reused_tokens, server_timing
+from agentkv._results import finish_reason, kv_path, kv_reason, reused_tokens, server_timing
 from agentkv.testing import openai_httpx
 
 
@@ -33,6 +33,15 @@ def test_router_headers():
 def test_server_timing_gives_seconds_per_step():
     headers = {"server-timing": "plan;dur=1.5, prefill;dur=20, decode;dur=3.25"}
     assert server_timing(headers) == {"plan": 0.0015, "prefill": 0.02, "decode": 0.00325}
+
+
+def test_kv_reason_is_the_plan_steps_description():
+    headers = {"server-timing": 'plan;dur=1.5;desc="none_held", decode;dur=3;desc="x"'}
+    assert kv_reason(headers) == "none_held"
+    assert server_timing(headers) == {"plan": 0.0015, "decode": 0.003}
+    assert kv_reason({"server-timing": "plan;desc=pull_cheaper;dur=2"}) == "pull_cheaper"
+    assert kv_reason({"server-timing": "plan;dur=1.5, decode;desc=a"}) is None
+    assert kv_reason({}) is None
 
 
 def test_server_timing_skips_what_it_cannot_read():

@@ -53,7 +53,9 @@ class Orchestrator:
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
         plan = await self._planner.plan(request)
-        turn = Turn(request, started, path=plan.path, added_itl_s=plan.added_itl_s)
+        turn = Turn(
+            request, started, path=plan.path, added_itl_s=plan.added_itl_s, reason=plan.reason
+        )
         turn.phases["plan"] = time.monotonic() - started
         avoid: list[Engine] = []
         if plan.path is KVPath.LOCAL:

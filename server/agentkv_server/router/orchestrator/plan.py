@@ -47,12 +47,18 @@ class Plan(NamedTuple):
     sequences a local prefill slows, and whose steps a pull's read waits for."""
     added_itl_s: float | None = None
     """For ``local``: the delay predicted per decode step of the holder's running sequences."""
+    reason: str | None = None
+    """Why this path: the policy's reason, ``none_held`` (the session had no holding) or
+    ``holder_silent`` (its holder did not answer); None without a session."""
 
     @property
     def holder_url(self) -> str | None:
         """The decode engine the turn prefers (its prefix cache holds the history), if any."""
         return self.holding.decode_url if self.holding is not None else None
 
+
+NONE_HELD = "none_held"
+HOLDER_SILENT = "holder_silent"
 
 _NO_SESSION = Plan(0.0)
 """Every turn without a session id: nothing to take, nothing to keep."""
@@ -74,7 +80,7 @@ class Planner:
         retention_s = services.policy.retention_s(request.hints)
         holding = await services.keeper.take(key)
         if holding is None:
-            return Plan(retention_s)
+            return Plan(retention_s, reason=NONE_HELD)
         holder = services.decode.get(holding.decode_url)
         if holder is not None and not holder.may_serve_holding(holding.issued_at):
             holder = None
@@ -97,13 +103,19 @@ class Planner:
             None if load is None else load.holder_running,
         )
         if decision.path is KVPath.RECOMPUTE:
-            return Plan(retention_s, KVPath.RECOMPUTE, holding, prompt_tokens=prompt_tokens)
+            return Plan(
+                retention_s, KVPath.RECOMPUTE, holding, prompt_tokens=prompt_tokens,
+                reason=decision.reason,
+            )  # fmt: skip
         if holder is None or not await self._answers(holder):
             # The holder cannot answer: a pull would wait on it.
-            return Plan(retention_s, KVPath.FALLBACK, holding, prompt_tokens=prompt_tokens)
+            return Plan(
+                retention_s, KVPath.FALLBACK, holding, prompt_tokens=prompt_tokens,
+                reason=HOLDER_SILENT,
+            )  # fmt: skip
         return Plan(
             retention_s, decision.path, holding, holder, prompt_tokens, running,
-            decision.added_itl_s,
+            decision.added_itl_s, decision.reason,
         )  # fmt: skip
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
