@@ -171,8 +171,8 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
             "(`vllm:request_queue_time_seconds`); preempted: `vllm:num_preemptions`. Peak KV: "
             "the most the decode engine held, sampled every second. Missed: the follow-ups "
             "that did not reuse their history, by the router's reason for their path "
-            "(`none_held`: the session's holding was released or had expired; docs/protocol.md "
-            "section 3)."
+            "(`released_*`: the session's holding went to make room; `none_held`: it had "
+            "expired; docs/protocol.md section 3)."
         ),
         "",
         (

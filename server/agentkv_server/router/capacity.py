@@ -158,8 +158,8 @@ class CapacityLedger:
         self._where: dict[str, str] = {}  # session key -> decode URL of its holding
         self._gaps: OrderedDict[str, float] = OrderedDict()  # measured, per session
         self._mean_gap_s: float | None = None
-        # Sessions whose holding went for pressure: tokens, until their next turn tells.
-        self._pressed: OrderedDict[str, int] = OrderedDict()
+        # Sessions whose holding went to make room: its tokens and why, until their next turn.
+        self._released: OrderedDict[str, tuple[int, ReleaseReason]] = OrderedDict()
         self._mean_step_tokens: float | None = None
 
     def engine(self, url: str) -> EngineKV:
@@ -217,21 +217,25 @@ class CapacityLedger:
         room = engine.capacity_tokens - live
         return self._shed(engine, lambda: engine.held_tokens > room, "live_turn")
 
-    def taken(self, session_key: str, holding: Holding | None) -> None:
-        """A turn of the session took its holding (None: it found none)."""
+    def taken(self, session_key: str, holding: Holding | None) -> ReleaseReason | None:
+        """A turn of the session took its holding (None: it found none); when it found none
+        because the holding went to make room, why it went."""
         if holding is not None:
             entry = self._pop(session_key)
             if entry is not None:
                 self._learn_gap(session_key, self._clock() - entry.recorded_at)
-        lost = self._pressed.pop(session_key, None)
-        if holding is None and lost is not None:
-            self._metrics.record_reuse_lost_to_pressure(lost)
+        released = self._released.pop(session_key, None)
+        if holding is not None or released is None:
+            return None
+        tokens, reason = released
+        self._metrics.record_reuse_lost_to_pressure(tokens)
+        return reason
 
     def ended(self, session_key: str) -> None:
         """The session ended: its holding is released (by the keeper) for that reason."""
         if self._pop(session_key) is not None:
             self._metrics.record_kv_release("session_end")
-        self._pressed.pop(session_key, None)
+        self._released.pop(session_key, None)
 
     def discard(self, session_key: str, holding: Holding | None = None) -> None:
         """Stop accounting for the session's holding (``holding`` given: only if it is that
@@ -270,8 +274,9 @@ class CapacityLedger:
             worth, _, key = heapq.heappop(ranked)
             entry = engine.held[key]
             self._pop(key)
-            _bounded_put(self._pressed, key, entry.tokens)
-            self._metrics.record_kv_release("abandoned" if worth == _ABANDONED else reason)
+            why: ReleaseReason = "abandoned" if worth == _ABANDONED else reason
+            _bounded_put(self._released, key, (entry.tokens, why))
+            self._metrics.record_kv_release(why)
             victims.append(entry.holding)
         return victims
 

@@ -21,16 +21,26 @@ import logging
 import os
 import time
 from collections.abc import Coroutine, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentkv_server import wire
 from agentkv_server.router import codec
-from agentkv_server.router.capacity import CapacityLedger
+from agentkv_server.router.capacity import CapacityLedger, ReleaseReason
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, Ticket, holding_from_params
 
-__all__ = ["HoldingKeeper"]
+__all__ = ["HoldingKeeper", "Taken"]
+
+
+class Taken(NamedTuple):
+    """What a turn found of its session's holding."""
+
+    holding: Holding | None
+    released: ReleaseReason | None = None
+    """Found none because it went to make room: why (``pressure``, ``live_turn``,
+    ``abandoned``); None otherwise."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +90,11 @@ class HoldingKeeper:
         """False while the store is out: nothing could record a turn's KV, so keep none."""
         return self._store.available
 
-    async def take(self, session_key: str) -> Holding | None:
+    async def take(self, session_key: str) -> Taken:
         """The session's holding for this turn; a concurrent turn of the session gets none."""
         holding = await self._store.take(session_key)
-        if self._ledger is not None:
-            self._ledger.taken(session_key, holding)
-        return holding
+        released = self._ledger.taken(session_key, holding) if self._ledger is not None else None
+        return Taken(holding, released)
 
     async def issue(
         self,

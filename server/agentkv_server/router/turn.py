@@ -67,7 +67,8 @@ class Turn:
     """A local turn's predicted delay per decode step of the holder's other sequences."""
     reason: str | None = None
     """Why the plan chose its path (the ``reason`` label of ``agentkv_path_decisions_total``,
-    or ``none_held`` / ``holder_silent``); None without a session."""
+    or why it had none to use: ``released_*``, ``none_held``, ``holder_silent``); None
+    without a session."""
 
     @property
     def wire(self) -> WireFormat:

@@ -305,8 +305,8 @@ def test_a_turn_that_finds_its_holding_gone_for_pressure_counts_as_lost_reuse():
     ledger.add(holding("far", 3000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 3000, clock), next_turn_s=2.0)  # "far" goes
 
-    ledger.taken("far", None)
-    ledger.taken("far", None)  # counted once
+    assert ledger.taken("far", None) == "pressure"  # the turn's plan says so
+    assert ledger.taken("far", None) is None  # counted once
 
     sample = metrics.registry.get_sample_value
     assert sample("agentkv_reuse_lost_to_pressure_total", {}) == 1
@@ -411,6 +411,7 @@ async def test_the_router_releases_the_far_off_session_when_the_decode_engine_is
     again = await router.chat(conversation(2, 300), session="far", headers=hints(300.0))
 
     assert again.headers["x-agentkv-kv-path"] == "recompute"
+    assert 'desc="released_pressure"' in again.headers["server-timing"]
     assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
 
 

@@ -48,8 +48,10 @@ class Plan(NamedTuple):
     added_itl_s: float | None = None
     """For ``local``: the delay predicted per decode step of the holder's running sequences."""
     reason: str | None = None
-    """Why this path: the policy's reason, ``none_held`` (the session had no holding) or
-    ``holder_silent`` (its holder did not answer); None without a session."""
+    """Why this path: the policy's reason; ``released_pressure``, ``released_live_turn`` or
+    ``released_abandoned`` (the session's holding went to make room), ``none_held`` (it had
+    none, or it expired) or ``holder_silent`` (its holder did not answer); None without a
+    session."""
 
     @property
     def holder_url(self) -> str | None:
@@ -78,9 +80,10 @@ class Planner:
         if key is None:
             return _NO_SESSION
         retention_s = services.policy.retention_s(request.hints)
-        holding = await services.keeper.take(key)
+        holding, released = await services.keeper.take(key)
         if holding is None:
-            return Plan(retention_s, reason=NONE_HELD)
+            reason = NONE_HELD if released is None else f"released_{released}"
+            return Plan(retention_s, reason=reason)
         holder = services.decode.get(holding.decode_url)
         if holder is not None and not holder.may_serve_holding(holding.issued_at):
             holder = None
