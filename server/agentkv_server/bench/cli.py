@@ -66,6 +66,7 @@ from agentkv_server.bench.workload import (
     pressure_preset,
 )
 from agentkv_server.errors import AgentKVServerError, ConfigError
+from agentkv_server.settings import environment_settings
 
 __all__ = ["configure", "run"]
 
@@ -476,6 +477,7 @@ def _run_config(args: argparse.Namespace, plan: Preset) -> dict[str, object]:
         "command": _command_line(),
         "preset": args.preset,
         "workload": json.loads(json.dumps(asdict(plan.workload), default=str)),
+        "router_settings": environment_settings(),
         "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
 
@@ -585,6 +587,7 @@ def _deployment(
                 aggregated_urls=tuple(args.aggregated_url or args.decode_url),
                 router_port=args.router_port,
                 secret=args.secret,
+                router_settings=environment_settings(),
             ),
             load_tokenizer(args.tokenizer),
             args.tokenizer if args.tokenizer is not None and args.tokenizer.is_dir() else None,
@@ -608,6 +611,7 @@ def _deployment(
         kv_cache_gib=plan.kv_cache_gib,
         decode_kv_tokens=plan.decode_kv_tokens,
         aggregated="aggregated" in args.modes,
+        router_settings=environment_settings(),
     )
     with engines as (deployment, model_dir):
         yield deployment, load_tokenizer(args.tokenizer or model_dir), model_dir

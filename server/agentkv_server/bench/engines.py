@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from agentkv_server.bench.modes import Deployment
 from agentkv_server.bundle.launcher import EngineProcess
@@ -44,12 +45,15 @@ def local_engines(
     decode_kv_tokens: int | None = None,
     timeout_s: float = 600.0,
     aggregated: bool = True,
+    router_settings: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[Deployment, Path]]:
     """Start P and D for ``model`` (a preset name or a model directory), and an engine for
     ``aggregated`` where D slices prefills; yield the deployment the modes run on and the
     model's directory; stop every engine afterwards. ``decode_kv_tokens``: D's (and the
     aggregated engine's) KV cache in tokens, rounded up to whole blocks (None: all that
-    ``kv_cache_gib`` holds)."""
+    ``kv_cache_gib`` holds). ``router_settings``: the Settings fields the modes' routers run
+    with, of which D takes its prefill slice."""
+    router_settings = dict(router_settings or {})
     (router_port,) = free_ports(1, HOST)
     config = StackConfig(
         model=model,
@@ -59,6 +63,7 @@ def local_engines(
         decode_args=decode_kv_args(decode_kv_tokens),
         router=False,
         report_port=router_port,
+        router_settings=router_settings,
         kv_cache_gib=kv_cache_gib,
     )
     stack = Stack(config).start(timeout_s)
@@ -77,6 +82,7 @@ def local_engines(
             aggregated_urls=(own.url if own is not None else decode,),
             router_port=router_port,
             secret=config.secret,
+            router_settings=router_settings,
         )
         yield deployment, stack.model_dir
     finally:

@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 import uvicorn
 
@@ -81,6 +81,9 @@ class Deployment:
     router_port: int
     secret: str
     router_host: str = "127.0.0.1"
+    router_settings: Mapping[str, Any] = field(default_factory=dict)
+    """Settings fields for every mode's router beyond those bench sets (the ``AGENTKV_*``
+    variables, as ``agentkv router`` reads them)."""
 
     def metrics_urls(self, mode: str) -> tuple[str, ...]:
         engines = self.aggregated_urls if mode == "aggregated" else self.decode_urls
@@ -104,13 +107,16 @@ async def serve_mode(
             raise ConfigError("mode 'aggregated' needs an engine (--aggregated-url)")
         yield Target(mode, deployment.aggregated_urls, deployment.model, metrics, tag_body=False)
         return
-    settings = Settings(
-        host=deployment.router_host,
-        port=deployment.router_port,
-        prefill_urls=deployment.prefill_urls,
-        decode_urls=deployment.decode_urls,
-        policy=policy or _POLICY[mode],
-        secret=deployment.secret,
+    settings = Settings.model_validate(
+        {
+            **deployment.router_settings,
+            "host": deployment.router_host,
+            "port": deployment.router_port,
+            "prefill_urls": deployment.prefill_urls,
+            "decode_urls": deployment.decode_urls,
+            "policy": policy or _POLICY[mode],
+            "secret": deployment.secret,
+        }
     )
     async with serve_router(settings) as url:
         yield Target(

@@ -220,7 +220,8 @@ def local_stub_stack(
         decode = stubs.engine("decode").url
         yield (
             Deployment("stub-model", (stubs.engine("prefill").url,), (decode,), (decode,),
-                       router_port, SECRET),
+                       router_port, SECRET,
+                       router_settings=options["router_settings"]),  # type: ignore[arg-type]
             model_dir,
         )  # fmt: skip
 
@@ -322,8 +323,13 @@ def metered(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
-    metered: None, local_stub_stack: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    metered: None,
+    local_stub_stack: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("AGENTKV_TIMEOUTS__TOKENIZE_S", "2")  # for the routers, as agentkv router
     modes = ("aggregated", "recompute", "agentkv", "upstream-best")
     out = tmp_path / "out"
     shape = ["--session-counts", "2,4", "--history-tokens", "300,400", "--turns", "3",
@@ -335,6 +341,8 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     assert ENGINE_OPTIONS["decode_kv_tokens"] == 8192 and ENGINE_OPTIONS["aggregated"] is True
     data = json.loads((out / JSON_NAME).read_text())
     assert data["config"]["measures"] == "pressure"
+    tuned = {"timeouts": {"tokenize_s": "2"}}
+    assert data["config"]["router_settings"] == ENGINE_OPTIONS["router_settings"] == tuned
     rows = {(r["mode"], r["sessions"]): r for r in data["pressure"]}
     assert set(rows) == {(mode, n) for mode in modes for n in (2, 4)}
     result = BenchResult.from_dict(data)

@@ -53,3 +53,18 @@ async def test_serve_mode_runs_the_modes_policy(mode: str, ends: bool) -> None:
         health = (await http.get(f"{target.base_urls[0]}/health")).json()
     assert target.ends_sessions is ends
     assert health.get("policy") == mode
+
+
+async def test_the_modes_routers_take_the_deployments_settings_but_not_over_benchs_own() -> None:
+    """``AGENTKV_*`` variables reach bench's routers as they reach ``agentkv router``
+    (bench/cli.py reads them): a setting of their own applies, the policy stays the mode's."""
+    tuned = {"max_body_bytes": 1024, "policy": "never"}
+    deployment = Deployment(
+        "m", ("http://p",), ("http://d",), ("http://d",), 0, "s", "127.0.0.1", tuned
+    )
+    async with serve_mode("agentkv", deployment) as target, httpx.AsyncClient() as http:
+        url = target.base_urls[0]
+        health = (await http.get(f"{url}/health")).json()
+        big = await http.post(f"{url}/v1/chat/completions", content=b"x" * 2048)
+    assert health.get("policy") == "agentkv"
+    assert big.status_code == 413 and "1024" in big.text
