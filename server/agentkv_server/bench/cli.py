@@ -575,6 +575,7 @@ def _deployment(
 ) -> Iterator[tuple[Deployment, TextTokenizer, Path | None]]:
     """The engines (started here unless given), the tokenizer that sizes prompts, and the
     model's directory where it is known (the local stack's, or ``--tokenizer``'s)."""
+    tuned = environment_settings()  # the AGENTKV_* settings, for the modes' routers and D
     if args.decode_url:
         if not args.secret:
             raise ConfigError("--decode-url needs --secret (the engines' agentkv_secret)")
@@ -587,7 +588,7 @@ def _deployment(
                 aggregated_urls=tuple(args.aggregated_url or args.decode_url),
                 router_port=args.router_port,
                 secret=args.secret,
-                router_settings=environment_settings(),
+                router_settings=tuned,
             ),
             load_tokenizer(args.tokenizer),
             args.tokenizer if args.tokenizer is not None and args.tokenizer.is_dir() else None,
@@ -611,7 +612,7 @@ def _deployment(
         kv_cache_gib=plan.kv_cache_gib,
         decode_kv_tokens=plan.decode_kv_tokens,
         aggregated="aggregated" in args.modes,
-        router_settings=environment_settings(),
+        router_settings=tuned,
     )
     with engines as (deployment, model_dir):
         yield deployment, load_tokenizer(args.tokenizer or model_dir), model_dir
