@@ -3,7 +3,8 @@
 
 Exit status, every subcommand: 0 done; 1 a failure while running (an engine that would not
 start or died, failed benchmark turns); 2 a usage or configuration error (bad options, a bad
-``--config``, a missing extra), reported on one line on stderr.
+``--config``, a missing extra), reported on one line on stderr; 130 a benchmark cut short by
+Ctrl-C or SIGTERM (a server stopped that way is done: 0).
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from collections.abc import Sequence
 
 from agentkv import __version__
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "SUBCOMMANDS",
+    "build_parser",
+    "main",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 # subcommand -> (module providing `configure(parser)` and `run(args) -> int`, extra it needs, help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {

@@ -12,6 +12,9 @@ Three ways to point it at engines:
 
 ``agentkv bench router``: what the router itself adds to a turn, on stub engines, beside
 vllm-router (``agentkv bench router --help``).
+
+Ctrl-C or SIGTERM stops a run within seconds, with the routers and engines it started, and
+writes no results (exit status 130).
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import json
 import os
 import platform
 import shlex
+import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 import httpx
 from tqdm import tqdm
@@ -65,6 +70,7 @@ from agentkv_server.bench.workload import (
     load_tokenizer,
     pressure_preset,
 )
+from agentkv_server.cli import EXIT_INTERRUPTED
 from agentkv_server.errors import AgentKVServerError, ConfigError
 from agentkv_server.settings import environment_settings
 
@@ -250,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) == "router":
         return router_bench.run(args)
     out_dir = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
         result = _result(args, out_dir)
     except ConfigError as exc:  # bad options: no traceback
@@ -258,10 +265,23 @@ def run(args: argparse.Namespace) -> int:
     except AgentKVServerError as exc:  # engines that would not start
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the engines and routers it started are stopped by now
+        print("agentkv bench: interrupted; no results written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if isinstance(result, PathSweep):
         write_path_report(result, out_dir)
         return _print_outputs(out_dir, failed=sum(not t.ok for t in result.turns))
     return _report_modes(result, out_dir)
+
+
+def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM does what Ctrl-C does: whichever SIGINT handler is in place (asyncio's cancels
+    the run's main task, so every router and engine is stopped on the way out)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep:

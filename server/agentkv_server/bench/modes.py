@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -54,6 +54,9 @@ MODES: Final[tuple[ModeName, ...]] = (
     "upstream",
 )
 BASELINE: Final[ModeName] = "recompute"
+
+# How long a stopping router waits for requests still in flight (a run cut short by Ctrl-C).
+_SHUTDOWN_S: Final = 5
 
 _POLICY: Final[Mapping[str, PolicyName]] = {
     "recompute": "never",
@@ -140,8 +143,9 @@ async def serve_router(settings: Settings) -> AsyncIterator[str]:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        timeout_graceful_shutdown=_SHUTDOWN_S,
     )
-    server = uvicorn.Server(config)
+    server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         while not server.started:
@@ -154,6 +158,16 @@ async def serve_router(settings: Settings) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         listener.close()
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server inside bench's event loop, where signals are bench's: Ctrl-C stops the
+    whole run. (uvicorn's own handler would stop only this router, fail the turns in flight and
+    let the run go on.)"""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def parse_base_urls(values: list[str], modes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
