@@ -6,7 +6,7 @@ time), so every client and call path that reaches the server is read the same wa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from agentkv import protocol
@@ -27,33 +27,16 @@ def reused_tokens(headers: Mapping[str, str]) -> int | None:
 
 def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
     """Seconds per named step from a ``Server-Timing`` header (``name;dur=ms, ...``)."""
-    steps: dict[str, float] = {}
-    for name, params in _timing_entries(headers):
-        if name and "dur" in params:
-            try:
-                steps[name] = float(params["dur"]) / 1000
-            except ValueError:
-                pass
-    return steps
+    return protocol.server_timing_seconds(headers.get(protocol.HEADER_SERVER_TIMING) or "")
 
 
 def kv_reason(headers: Mapping[str, str]) -> str | None:
     """Why the router chose the turn's KV path: the ``desc`` of its ``plan`` step."""
-    for name, params in _timing_entries(headers):
+    value = headers.get(protocol.HEADER_SERVER_TIMING) or ""
+    for name, params in protocol.server_timing_entries(value):
         if name == "plan" and params.get("desc"):
             return params["desc"]
     return None
-
-
-def _timing_entries(headers: Mapping[str, str]) -> Iterator[tuple[str, dict[str, str]]]:
-    """Each ``Server-Timing`` entry's name and parameters (a quoted value unquoted)."""
-    for entry in (headers.get(protocol.HEADER_SERVER_TIMING) or "").split(","):
-        name, _, rest = entry.strip().partition(";")
-        params = {}
-        for param in rest.split(";"):
-            key, _, value = param.strip().partition("=")
-            params[key] = value.strip('"')
-        yield name, params
 
 
 def finish_reason(result: Mapping[str, Any]) -> str | None:

@@ -6,6 +6,7 @@ docs/protocol.md is the prose version of this module; keep the two in step.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Final
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "SESSION_ID_MAX_LENGTH",
     "SESSION_ID_PATTERN",
     "is_valid_session_id",
+    "server_timing_entries",
+    "server_timing_seconds",
 ]
 
 # Session id, emitted by the SDK (header + body copy, proxies drop unknown headers).
@@ -74,3 +77,27 @@ HEADER_SERVER_TIMING: Final = "server-timing"
 def is_valid_session_id(value: str) -> bool:
     """True when ``value`` can be used as a session id on the wire."""
     return bool(SESSION_ID_PATTERN.fullmatch(value))
+
+
+def server_timing_entries(value: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """Each entry of a ``Server-Timing`` value (``name;dur=ms;desc="why", ...``): its name and
+    parameters, a quoted value unquoted."""
+    for entry in value.split(","):
+        name, _, rest = entry.strip().partition(";")
+        params = {}
+        for param in rest.split(";"):
+            key, _, param_value = param.strip().partition("=")
+            params[key] = param_value.strip('"')
+        yield name, params
+
+
+def server_timing_seconds(value: str) -> dict[str, float]:
+    """Seconds per named step of a ``Server-Timing`` value (its ``dur``, in ms on the wire)."""
+    steps: dict[str, float] = {}
+    for name, params in server_timing_entries(value):
+        if name and "dur" in params:
+            try:
+                steps[name] = float(params["dur"]) / 1000
+            except ValueError:
+                pass
+    return steps

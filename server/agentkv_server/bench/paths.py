@@ -73,7 +73,6 @@ __all__ = [
     "render_path_markdown",
     "router_log",
     "router_settings",
-    "server_timing",
     "sweep_paths",
     "write_path_report",
 ]
@@ -569,7 +568,7 @@ def _answered(turn: PathTurn, response: httpx.Response, seconds: float) -> PathT
     """``turn`` with what the router answered: an error, or path, usage and its steps."""
     if response.status_code != 200:
         return replace(turn, error=f"HTTP {response.status_code}: {response.text[:400]}")
-    steps = server_timing(response.headers.get(protocol.HEADER_SERVER_TIMING, ""))
+    steps = protocol.server_timing_seconds(response.headers.get(protocol.HEADER_SERVER_TIMING, ""))
     reused = response.headers.get(protocol.HEADER_REUSED_TOKENS)
     return replace(
         turn,
@@ -585,19 +584,6 @@ def _answered(turn: PathTurn, response: httpx.Response, seconds: float) -> PathT
 
 def _answer_text(response: httpx.Response) -> str:
     return response.json()["choices"][0]["message"]["content"] or ""
-
-
-def server_timing(header: str) -> dict[str, float]:
-    """Seconds per step of a ``Server-Timing`` value (``name;dur=ms, ...``)."""
-    steps: dict[str, float] = {}
-    for entry in header.split(","):
-        name, *params = (part.strip() for part in entry.split(";"))
-        for param in params:
-            key, _, value = param.partition("=")
-            with contextlib.suppress(ValueError):
-                if name and key == "dur":
-                    steps[name] = float(value) / 1000
-    return steps
 
 
 def _describe(turn: PathTurn) -> str:

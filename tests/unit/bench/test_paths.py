@@ -27,7 +27,6 @@ from agentkv_server.bench.paths import (
     parse_engine_counters,
     render_path_markdown,
     router_log,
-    server_timing,
     write_path_report,
 )
 from agentkv_server.bench.report import JSON_NAME, MARKDOWN_NAME
@@ -115,12 +114,6 @@ def test_process_meter_sees_the_window_cpu_and_memory() -> None:
     del held
     later = ProcessMeter().read()  # a new window forgets the earlier peak
     assert later.rss_growth_bytes is not None and later.rss_growth_bytes < 60 * 1024 * 1024
-
-
-def test_server_timing_in_seconds() -> None:
-    steps = server_timing("plan;dur=12.5, prefill;dur=1500.0, decode;desc=d;dur=30")
-    assert steps == {"plan": 0.0125, "prefill": 1.5, "decode": 0.03}
-    assert server_timing("") == {}
 
 
 def test_router_log_captures_the_routers_debug_decisions() -> None:
