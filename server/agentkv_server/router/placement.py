@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentkv_server.router.failures import LOST, SUSPECT, ErrorKind, wire_kind
+from agentkv_server.router.fit import LinearFit
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 
 __all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "StepTimes", "probe_health"]
@@ -29,44 +30,71 @@ logger = logging.getLogger(__name__)
 
 Role = Literal["prefill", "decode"]
 
-# Weight of each new gap in StepTimes' running means: a few dozen steps of memory.
+# Weight of each new gap in StepTimes' running mean of plain steps: a few dozen steps of memory.
 _STEP_ALPHA = 0.05
+# Weight of each local prefill's measurement in the fit of what slices add (the cost model's
+# default weight: a measurement is a whole turn's worth of steps, not one gap).
+_ADDED_ALPHA = 0.2
 
 
 class StepTimes:
     """The gaps between chunks of the streams an engine sends through this router, apart while a
     local prefill runs on it: the difference is what a prefill (slice) adds to each of its
-    decode steps, measured where the holder's other sessions feel it."""
+    decode steps, measured where the holder's other sessions feel it.
 
-    __slots__ = ("local_prefills", "plain_s", "sliced_s")
+    Each local prefill is one measurement: the mean gap while it ran, less the plain steps'
+    running mean, against the tokens its slices attend to (its prompt). A slice's attention
+    grows with that context: on the CPU stack a step carrying 64 new tokens over a 4k-token
+    history took ~0.4 s, over 1k ~0.17 s, a plain one ~0.08 s (docs/router.md), so a cost
+    learned at one history length is scaled, not reused, at another.
+    """
+
+    __slots__ = ("_added", "_window", "_window_tokens", "local_prefills", "plain_s")
 
     def __init__(self) -> None:
         self.local_prefills = 0
         """Local turns sent to the engine whose first byte has not come back yet."""
         self.plain_s: float | None = None
-        self.sliced_s: float | None = None
+        self._added: LinearFit | None = None
+        self._window: list[float] = []  # gaps while local prefills run
+        self._window_tokens = 0  # the tokens those prefills attend to
 
     def observe(self, gap_s: float) -> None:
         if self.local_prefills:
-            self.sliced_s = _running_mean(self.sliced_s, gap_s)
+            self._window.append(gap_s)
         else:
             self.plain_s = _running_mean(self.plain_s, gap_s)
 
-    @property
-    def added_s(self) -> float | None:
-        """Seconds a local prefill added to each decode step, once both kinds were seen."""
-        if self.plain_s is None or self.sliced_s is None:
+    def added_s(self, context_tokens: int) -> float | None:
+        """Seconds a local prefill of a ``context_tokens`` prompt adds to each decode step, once
+        a local prefill was seen beside plain steps."""
+        if self._added is None:
             return None
-        return max(self.sliced_s - self.plain_s, 0.0)
+        intercept, slope = self._added.line()
+        return max(intercept + slope * context_tokens, 0.0)
 
     @contextlib.contextmanager
-    def local_prefill(self) -> Iterator[None]:
-        """Count a local turn's prefill for the duration of the block (until its first byte)."""
+    def local_prefill(self, context_tokens: int) -> Iterator[None]:
+        """Count a local turn's prefill for the duration of the block (until its first byte):
+        the gaps meanwhile are measured against its prompt's ``context_tokens``."""
         self.local_prefills += 1
+        self._window_tokens += context_tokens
         try:
             yield
         finally:
             self.local_prefills -= 1
+            if not self.local_prefills:
+                self._close_window()
+
+    def _close_window(self) -> None:
+        window, tokens = self._window, self._window_tokens
+        self._window, self._window_tokens = [], 0
+        if not window or self.plain_s is None:
+            return
+        added = max(sum(window) / len(window) - self.plain_s, 0.0)
+        if self._added is None:
+            self._added = LinearFit(0.0, added / max(tokens, 1), _ADDED_ALPHA)
+        self._added.add(tokens, added)
 
 
 def _running_mean(mean: float | None, sample: float) -> float:

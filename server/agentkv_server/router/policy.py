@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from agentkv_server.router.fit import LinearFit
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.turn import KVPath, TurnHints
 from agentkv_server.settings import (
@@ -35,7 +36,6 @@ __all__ = [
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
-    "LinearFit",
     "LocalEstimate",
     "NeverPolicy",
     "PrefillSample",
@@ -45,10 +45,6 @@ __all__ = [
     "UpstreamPolicy",
     "make_policy",
 ]
-
-# Seconds per token never learned below this: a pull that looked free must not make every
-# later pull look free.
-_MIN_SECONDS_PER_TOKEN = 1e-7
 
 
 @dataclass(frozen=True)
@@ -74,9 +70,10 @@ class TurnLoad:
 
     ``new_tokens``: the prompt's tokens beyond the holding; ``holder_running``: requests the
     router has in flight on the holder (the sequences a local prefill would stall);
-    ``holder_added_s``: what a local prefill added to each of the holder's decode steps, as its
-    streams showed it (placement.StepTimes; None until seen); ``prefill_wait_s``: how long a
-    prefill step would wait behind those in flight on the least busy prefill engine.
+    ``holder_added_s``: what a local prefill of this turn's prompt adds to each of the
+    holder's decode steps, as its streams showed it (placement.StepTimes; None until seen);
+    ``prefill_wait_s``: how long a prefill step would wait behind those in flight on the least
+    busy prefill engine.
     """
 
     new_tokens: int
@@ -137,46 +134,6 @@ class ReusePolicy(Protocol):
 
     def observe_handoff(self, seconds: float) -> None:
         """A decode step's time to first byte after a prefill step (reading P's new blocks)."""
-
-
-class LinearFit:
-    """``seconds = intercept + slope * tokens``, fitted by exponentially weighted least squares.
-
-    The prior (from the settings) is the whole line until a measurement arrives; after that it
-    stays only as a lightly weighted point at zero tokens, which anchors the fixed cost when
-    the measurements lack spread (all at one size). Measurements carry a total weight near 1
-    that favours recent ones, so they soon dominate.
-    """
-
-    _ANCHOR_WEIGHT = 0.05
-
-    def __init__(self, intercept: float, slope: float, alpha: float) -> None:
-        self._prior = (intercept, slope)
-        self._alpha = alpha
-        self._sums = [0.0] * 5  # sums of w, w*x, w*x*x, w*y, w*x*y over measurements
-
-    def add(self, tokens: float, seconds: float) -> None:
-        self._sums = [(1 - self._alpha) * total for total in self._sums]
-        _accumulate(self._sums, tokens, seconds, self._alpha)
-
-    def line(self) -> tuple[float, float]:
-        """(intercept, slope), both clipped to stay physical."""
-        if self._sums[0] == 0.0:
-            return self._prior
-        anchored = list(self._sums)
-        _accumulate(anchored, 0.0, self._prior[0], self._ANCHOR_WEIGHT)
-        w, wx, wxx, wy, wxy = anchored
-        spread = w * wxx - wx * wx
-        if spread <= 0.0:  # every measurement at zero tokens, as the anchor: no slope to fit
-            slope = self._prior[1]
-        else:
-            slope = max((w * wxy - wx * wy) / spread, _MIN_SECONDS_PER_TOKEN)
-        return max((wy - slope * wx) / w, 0.0), slope
-
-
-def _accumulate(sums: list[float], x: float, y: float, weight: float) -> None:
-    for index, term in enumerate((1.0, x, x * x, y, x * y)):
-        sums[index] += weight * term
 
 
 class CostModelPolicy:

@@ -121,15 +121,66 @@ def test_what_slices_add_to_the_holders_steps_is_taken_from_its_streams():
 
 def test_step_times_tell_a_holders_plain_steps_from_those_carrying_a_prefill():
     steps = StepTimes()
-    assert steps.added_s is None
+    assert steps.added_s(1000) is None
     for _ in range(200):
         steps.observe(0.080)
-    assert steps.added_s is None  # no step with a prefill seen yet
-    with steps.local_prefill():
+    assert steps.added_s(1000) is None  # no step with a prefill seen yet
+    with steps.local_prefill(1000):
         for _ in range(200):
             steps.observe(0.130)
     assert steps.local_prefills == 0
-    assert steps.added_s == pytest.approx(0.050, abs=0.001)
+    assert steps.added_s(1000) == pytest.approx(0.050, abs=0.001)
+
+
+def test_one_local_prefill_is_enough_to_show_what_its_slices_cost():
+    """Measured on the two-decoder bench: a local turn over 4k tokens of history made three
+    decode steps of each decoder ~0.43 s instead of ~0.08 s, and two more local turns followed,
+    under a budget of 0.2 s. A running mean of gaps that started at the window's first gap (a
+    step before the first slice) had moved to 0.079 s of added delay after those steps."""
+    steps = StepTimes()
+    for _ in range(200):
+        steps.observe(0.080)
+    with steps.local_prefill(4200):
+        steps.observe(0.080)  # the step before the first slice
+        for _ in range(6):
+            steps.observe(0.380)
+    added = steps.added_s(4200)
+    assert added is not None and added > 0.2  # over the default budget: the next one pulls
+    policy = cost_model(max_stall_s=0.2, slice_tokens=64)
+    load = TurnLoad(new_tokens=180, holder_running=3, holder_added_s=added)
+    assert policy.decide(held(4000), NOW, load).reason == "stall_over_budget"
+
+
+def test_what_slices_add_grows_with_the_context_they_attend_to():
+    steps = StepTimes()
+    for _ in range(200):
+        steps.observe(0.080)
+    with steps.local_prefill(4000):
+        for _ in range(6):
+            steps.observe(0.380)
+    at_4k, at_1k = steps.added_s(4000), steps.added_s(1000)
+    assert at_4k is not None and at_1k is not None
+    assert at_4k == pytest.approx(0.300, rel=0.05)
+    assert at_1k == pytest.approx(at_4k / 4, rel=0.1)  # one measurement: in proportion
+    for _ in range(10):  # measured at 1k too: a fixed part and a part per context token
+        with steps.local_prefill(1000):
+            for _ in range(6):
+                steps.observe(0.180)
+    assert steps.added_s(1000) == pytest.approx(0.100, rel=0.1)
+    assert steps.added_s(4000) > steps.added_s(1000) + 0.05
+
+
+def test_overlapping_local_prefills_are_one_measurement_of_their_contexts_together():
+    steps = StepTimes()
+    for _ in range(200):
+        steps.observe(0.080)
+    with steps.local_prefill(1000):
+        with steps.local_prefill(3000):
+            for _ in range(6):
+                steps.observe(0.380)
+        steps.observe(0.380)
+    assert steps.local_prefills == 0
+    assert steps.added_s(4000) == pytest.approx(0.300, rel=0.05)
 
 
 def test_pulls_from_busy_holders_are_learned_apart():

@@ -212,7 +212,7 @@ class DecodeAttempt(Attempt[Response]):
             body = tracked_body(endpoint, body)
         probe_first = not self._patient
         if turn.local:  # the other streams' gaps until its first byte show what it costs
-            with engine.steps.local_prefill():
+            with engine.steps.local_prefill(self._plan.prompt_tokens or 0):
                 stream = await services.open_stream(turn, engine, body, probe_first=probe_first)
         else:
             stream = await services.open_stream(turn, engine, body, probe_first=probe_first)
