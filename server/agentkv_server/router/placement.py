@@ -65,9 +65,15 @@ class StepTimes:
         else:
             self.plain_s = _running_mean(self.plain_s, gap_s)
 
+    @property
+    def prefilling_tokens(self) -> int:
+        """The tokens the local prefills running now attend to: a new one's slices ride on the
+        same steps as theirs, so what it adds is priced at its prompt plus these."""
+        return self._window_tokens if self.local_prefills else 0
+
     def added_s(self, context_tokens: int) -> float | None:
-        """Seconds a local prefill of a ``context_tokens`` prompt adds to each decode step, once
-        a local prefill was seen beside plain steps."""
+        """Seconds local prefills attending to ``context_tokens`` in all add to each decode step,
+        once a local prefill was seen beside plain steps."""
         if self._added is None:
             return None
         intercept, slope = self._added.line()

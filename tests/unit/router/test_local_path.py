@@ -372,6 +372,33 @@ async def test_busy_holder_takes_a_sliced_part_and_says_what_it_costs_its_batch(
     assert await router.metric("agentkv_local_added_itl_seconds_count") == 1
 
 
+async def test_a_local_turn_is_priced_with_the_local_prefills_already_on_its_holder(make_router):
+    """Two local turns at once put two slices in each of the holder's steps. Measured on the
+    two-decoder bench: two 1k-token follow-ups went local together and the decoders' steps took
+    0.40-0.41 s where one such turn's took 0.22-0.23 s, under a budget of 0.2 s added."""
+    # At the stubs' scale (0.1 ms a token): 2.5 ms added at 1000 tokens, ~1.8 ms for this
+    # turn's ~730 alone, ~5.6 ms beside another of 1500: a budget of 3 ms takes one, not both.
+    router = await make_router(local={"enabled": True, "max_stall_s": 0.003, "slice_tokens": 40})
+    first, engine = await held_session(router)
+    for _ in range(50):  # the holder's streams: plain steps, then a ~1000-token local prefill
+        engine.steps.observe(0.008)
+    with engine.steps.local_prefill(1000):
+        for _ in range(6):
+            engine.steps.observe(0.0105)
+
+    with engine.busy():
+        alone = await router.chat(tool_result(first, 200), session="s1")
+    assert (alone.headers["x-agentkv-kv-path"], plan_reason(alone)) == ("local", "local_fastest")
+
+    second = tool_result(first, 200)
+    with engine.busy(), engine.steps.local_prefill(1500):  # another session's, prefilling now
+        stacked = await router.chat(tool_result(second, 200), session="s1")
+    assert (stacked.headers["x-agentkv-kv-path"], plan_reason(stacked)) == (
+        "reuse",
+        "stall_over_budget",
+    )
+
+
 async def test_streamed_local_turn_teaches_the_local_rate(make_router):
     router = await make_router(local=LOCAL_ON)
     first = conversation(1, 300)

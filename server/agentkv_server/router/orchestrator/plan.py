@@ -93,7 +93,7 @@ class Planner:
         if holder is not None and prompt_tokens is not None:
             new_tokens = max(prompt_tokens - holding.num_tokens, 0)
             waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
-            added_s = holder.steps.added_s(prompt_tokens)
+            added_s = holder.steps.added_s(prompt_tokens + holder.steps.prefilling_tokens)
             load = TurnLoad(new_tokens, running, added_s, min(waits, default=0.0))
         decision = services.policy.decide(holding, time.time(), load)
         services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
