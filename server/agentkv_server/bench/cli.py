@@ -28,12 +28,14 @@ import platform
 import shlex
 import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 import httpx
 from tqdm import tqdm
@@ -256,16 +258,16 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) == "router":
         return router_bench.run(args)
     out_dir = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
-    signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
-        result = _result(args, out_dir)
+        with _sigterm_as_ctrl_c():
+            result = _result(args, out_dir)
     except ConfigError as exc:  # bad options: no traceback
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 2
     except AgentKVServerError as exc:  # engines that would not start
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # the engines and routers it started are stopped by now
+    except (KeyboardInterrupt, _Stopped):  # the engines and routers it started are stopped now
         print("agentkv bench: interrupted; no results written", file=sys.stderr)
         return EXIT_INTERRUPTED
     if isinstance(result, PathSweep):
@@ -274,14 +276,64 @@ def run(args: argparse.Namespace) -> int:
     return _report_modes(result, out_dir)
 
 
-def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM does what Ctrl-C does: whichever SIGINT handler is in place (asyncio's cancels
-    the run's main task, so every router and engine is stopped on the way out)."""
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:
-        raise KeyboardInterrupt
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """While the block runs, SIGTERM stops it as Ctrl-C does (KeyboardInterrupt; inside its
+    event loops, ``_run_until_stopped``). Signals belong to the main thread; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+T = TypeVar("T")
+
+
+class _Stopped(Exception):
+    """The run's event loop was stopped by SIGTERM."""
+
+
+def _run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, where SIGTERM cancels ``main`` as asyncio's own handler does on
+    Ctrl-C: the routers and probes it opened stop on the way out, before the loop closes (an
+    exception raised into the loop instead would cancel a router's requests mid-answer). A
+    background job, whose shell ignores SIGINT for it, can still be stopped so."""
+    return asyncio.run(_stoppable(main))
+
+
+async def _stoppable(main: Coroutine[Any, Any, T]) -> T:
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    previous = signal.getsignal(signal.SIGTERM)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        return await main
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if stopped:
+            raise _Stopped from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep:
@@ -403,7 +455,7 @@ def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResu
                 on_turn=lambda _: bar.update(),
                 request_timeout_s=args.request_timeout or _TURN_TIMEOUT_S,
             )
-            records = asyncio.run(_run_modes(setup, plan.repeats, runner, bar))
+            records = _run_until_stopped(_run_modes(setup, plan.repeats, runner, bar))
     config = {
         **_run_config(args, plan),
         "workload_text": _describe_workload(plan.workload),
@@ -439,7 +491,7 @@ def _measure_pressure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> 
                 progress=progress,
             )  # fmt: skip
 
-        found = asyncio.run(sweep())
+        found = _run_until_stopped(sweep())
     config = {
         **_run_config(args, plan),
         "measures": PRESSURE,
@@ -462,7 +514,7 @@ def _measure_paths(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Pat
     progress = _no_progress if args.no_progress else _progress_line
     with _deployment(args, plan, out_dir) as (deployment, tokenizer, model_dir):
         sweep = sweep_paths(deployment, tokenizer, plan.workload, step_s=step_s, progress=progress)
-        turns = asyncio.run(sweep)
+        turns = _run_until_stopped(sweep)
     w = plan.workload
     config = {
         **_run_config(args, plan),

@@ -33,9 +33,10 @@ LONG_RUN = ["--modes", "recompute,agentkv", "--sessions", "1", "--turns", "8",
             "--history-tokens", "300", "--new-tokens", "5", "--output-tokens", "3",
             "--tool-latency", "fixed:0.2", "--repeats", "1", "--no-progress"]  # fmt: skip
 STOPPED_WITHIN_S = 20.0
-# `agentkv` as a shell starts it with `&`: SIGINT ignored from the start.
-_IGNORING_SIGINT = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+# `agentkv` with SIGINT as a terminal's foreground job has it (Python's default handler) or as
+# a shell starts a job with `&` (ignored from the start), whatever this test process inherited.
+_AGENTKV = (
+    "import signal, sys; signal.signal(signal.SIGINT, {}); "
     "from agentkv_server.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -64,11 +65,8 @@ def _start_bench(
     engines: tuple[str, str, int], out: Path, *extra: str, ignore_sigint: bool = False
 ) -> subprocess.Popen[str]:
     prefill, decode, router_port = engines
-    agentkv = (
-        [sys.executable, "-c", _IGNORING_SIGINT]
-        if ignore_sigint
-        else [sys.executable, "-m", "agentkv_server.cli"]
-    )
+    sigint = "signal.SIG_IGN" if ignore_sigint else "signal.default_int_handler"
+    agentkv = [sys.executable, "-c", _AGENTKV.format(sigint)]
     return subprocess.Popen(
         [*agentkv, "bench", *LONG_RUN, "--prefill-url", prefill, "--decode-url", decode,
          "--router-port", str(router_port), "--secret", SECRET, "--out", str(out), *extra],
@@ -90,15 +88,19 @@ def _wait_serving(url: str, process: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("signum", "to_group"),
-    [(signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["ctrl-c", "sigterm"],
+    ("signum", "to_group", "background"),
+    [(signal.SIGINT, True, False), (signal.SIGTERM, False, False), (signal.SIGTERM, False, True)],
+    ids=["ctrl-c", "sigterm", "sigterm-to-a-background-job"],
 )
 def test_a_signal_stops_the_run_and_writes_no_results(
-    stub_engines: tuple[str, str, int], tmp_path: Path, signum: signal.Signals, to_group: bool
+    stub_engines: tuple[str, str, int],
+    tmp_path: Path,
+    signum: signal.Signals,
+    to_group: bool,
+    background: bool,
 ) -> None:
     out = tmp_path / "out"
-    bench = _start_bench(stub_engines, out)
+    bench = _start_bench(stub_engines, out, ignore_sigint=background)
     try:
         _wait_serving(f"http://127.0.0.1:{stub_engines[2]}", bench)
         time.sleep(2.0)  # a turn in flight
