@@ -2,7 +2,8 @@
 them.
 
 - :func:`wait_until` / :func:`eventually`: poll a condition until a deadline, instead of sleeping
-  a fixed time and hoping that was enough (on a busy 2-core machine it is not).
+  a fixed time and hoping that was enough (on a busy 2-core machine it is not);
+  :func:`wait_healthy`: the same for a server process to answer ``GET /health``.
 - :func:`require`: a missing test dependency skips the test on a developer's machine and fails
   it where ``CI`` is set, since CI installs every test dependency (``scripts/install --dev``)
   and a skip there would hide a broken setup.
@@ -13,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-__all__ = ["eventually", "require", "require_binary", "wait_until"]
+__all__ = ["eventually", "require", "require_binary", "wait_healthy", "wait_until"]
 
 # Generous: the deadline only costs time when the test is failing anyway.
 TIMEOUT_S = 10.0
@@ -33,6 +36,22 @@ def wait_until(condition: Callable[[], object], what: str, *, timeout_s: float =
         if time.monotonic() >= deadline:
             raise AssertionError(f"still not {what} after {timeout_s:g} s")
         time.sleep(POLL_S)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[Any], *, timeout_s: float = 60.0) -> None:
+    """Returns once ``url`` answers ``GET /health`` with 200; fails the test when ``process``
+    (what serves it) exits first, or after ``timeout_s``."""
+    import httpx
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"{url}: its process exited with status {process.returncode}")
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, f"answering at {url}/health", timeout_s=timeout_s)
 
 
 async def eventually(

@@ -24,6 +24,7 @@ import pytest
 
 from agentkv_server.bench.report import JSON_NAME
 from agentkv_server.bundle.ports import free_ports
+from agentkv_server.testing.conditions import wait_healthy
 
 SECRET = "interrupt-test-secret"
 # The stub prefill takes about 1 s a turn (300 tokens at 3 ms), so a signal comes while a turn
@@ -76,17 +77,6 @@ def _start_bench(
     )  # fmt: skip
 
 
-def _wait_serving(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError(f"bench's router at {url} never answered")
-
-
 @pytest.mark.parametrize(
     ("signum", "to_group", "background"),
     [(signal.SIGINT, True, False), (signal.SIGTERM, False, False), (signal.SIGTERM, False, True)],
@@ -102,7 +92,7 @@ def test_a_signal_stops_the_run_and_writes_no_results(
     out = tmp_path / "out"
     bench = _start_bench(stub_engines, out, ignore_sigint=background)
     try:
-        _wait_serving(f"http://127.0.0.1:{stub_engines[2]}", bench)
+        wait_healthy(f"http://127.0.0.1:{stub_engines[2]}", bench)
         time.sleep(2.0)  # a turn in flight
         interrupted = time.monotonic()
         if to_group:  # Ctrl-C in a terminal: the whole foreground job

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from agentkv_server.bundle import cli as serve_cli
 from agentkv_server.cli import build_parser, main
+from agentkv_server.testing.conditions import wait_healthy
 
 
 def serve_args(*argv: str):
@@ -135,26 +135,13 @@ def router_with_keys(tmp_path: Path) -> Iterator[str]:
             stderr=(tmp_path / "router.log").open("w"),
         )
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, router)
+        wait_healthy(url, router)
         yield url
     finally:
         for process in (router, stubs):
             if process is not None:
                 process.terminate()
                 process.wait(15)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError(f"router at {url} did not start")
 
 
 def _shell(line: str, **env: str) -> str:
