@@ -78,6 +78,8 @@ from agentkv_server.settings import environment_settings
 
 __all__ = ["configure", "run"]
 
+T = TypeVar("T")
+
 # Long enough a history that the agentkv router pulls it on the later turns.
 _WARM_UP = Workload(sessions=1, turns=3, history_tokens=(512,), new_tokens=16, output_tokens=4)
 _WARM_UP_VIA: tuple[ModeName, ...] = ("agentkv", "recompute", "aggregated")
@@ -293,9 +295,6 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-T = TypeVar("T")
 
 
 class _Stopped(Exception):
