@@ -98,8 +98,8 @@ class StepTimes:
         if not window or self.plain_s is None:
             return
         added = max(sum(window) / len(window) - self.plain_s, 0.0)
-        if self._added is None:
-            self._added = LinearFit(0.0, added / max(tokens, 1), _ADDED_ALPHA)
+        if self._added is None:  # anchored at nothing added for no context
+            self._added = LinearFit(0.0, 0.0, _ADDED_ALPHA)
         self._added.add(tokens, added)
 
 
