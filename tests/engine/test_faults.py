@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
 from agentkv_server.router.placement import Engine
 from agentkv_server.settings import Settings
-from agentkv_server.testing import RedisServer, serve_in_process
+from agentkv_server.testing import RedisServer, serve_in_process, serve_on_loopback
 from agentkv_server.testing.conditions import require
 from agentkv_server.testing.probe import LOGPROB_TOLERANCE, EngineClient, KVProbe, logprob_gap
 
@@ -469,13 +469,20 @@ class KilledStream:
     after_fault_s: float  # from the kill (or freeze) to the stream's end
 
 
-def freeze_engine_core(engine: EngineProcess) -> list[psutil.Process]:
-    """SIGSTOP the engine's core and worker processes; its API server keeps answering."""
+def engine_core(engine: EngineProcess) -> list[psutil.Process]:
+    """The engine's core and worker processes: all but its API server."""
     assert engine.pid is not None
-    frozen = psutil.Process(engine.pid).children(recursive=True)
-    for process in frozen:
-        process.send_signal(signal.SIGSTOP)
-    return frozen
+    return psutil.Process(engine.pid).children(recursive=True)
+
+
+def carries_a_token(event: str) -> bool:
+    """An SSE event of a completions or chat stream with generated text or token ids in it."""
+    if event == "[DONE]":
+        return False
+    return any(
+        c.get("text") or (c.get("delta") or {}).get("content") or c.get("token_ids")
+        for c in json.loads(event).get("choices") or ()
+    )
 
 
 async def settled_metric(client: EngineClient, name: str) -> float:
@@ -487,6 +494,28 @@ async def settled_metric(client: EngineClient, name: str) -> float:
         if again == value:
             return value
         value = again
+
+
+async def read_stream(
+    url: str, route: str, body: dict[str, Any], on_first_token: Callable[[], None]
+) -> tuple[httpx.Response, list[str]]:
+    """POST ``body`` to ``url`` and read its SSE events, calling ``on_first_token`` as the first
+    generated token arrives: in this coroutine, with no poll in between for a fast engine to
+    finish its answer in (one did, between two polls of its token counter)."""
+    events: list[str] = []
+    token_seen = False
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=TURN_TIMEOUT_S) as client,
+        client.stream("POST", route, json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line.removeprefix("data: "))
+            if not token_seen and carries_a_token(events[-1]):
+                token_seen = True
+                on_first_token()
+    return response, events
 
 
 async def stream_with_its_decode_engine_killed(
@@ -502,31 +531,40 @@ async def stream_with_its_decode_engine_killed(
     and another decode engine; SIGKILL ``doomed_decode`` mid-answer (``frozen``: SIGSTOP the
     whole engine, API server included, until the stream is read) and read the whole stream.
 
-    Nothing but this stream runs on ``doomed_decode`` (its own engine, this router's only
-    traffic), so its generated-token counter rising proves the stream runs there. The engine's
-    core is then frozen and its counter read once settled: fewer tokens than the answer's
-    ``max_tokens`` proves the fault lands mid-stream, whatever the machine's speed.
+    The router is served on loopback so that the client sees the first token as it comes: the
+    doomed engine's core is frozen right then. Nothing but this stream runs on
+    ``doomed_decode`` (its own engine, this router's only traffic), so its generated-token
+    counter, read once settled, proves where the stream ran, and fewer tokens than the
+    answer's ``max_tokens`` prove that the fault lands mid-stream, whatever the machine's speed.
     """
     settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
     doomed = EngineClient(doomed_decode.url, body["model"])
-    async with serve(settings) as (_, client):
+    core = engine_core(doomed_decode)
+    first_token = asyncio.Event()
+
+    def freeze_core() -> None:
+        for process in core:
+            process.send_signal(signal.SIGSTOP)
+        first_token.set()
+
+    async with serve(settings) as (app, client), serve_on_loopback(app) as url:
         generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
         tally.sent += 1
         began = time.monotonic()
-        streamed = asyncio.create_task(client.post(route, json=body))
-        while await asyncio.to_thread(doomed.metric, GENERATED) <= generated_before:
-            assert not streamed.done(), "the stream ended before it ran on the doomed engine"
-            await asyncio.sleep(0.01)
-        freeze_engine_core(doomed_decode)
+        streamed = asyncio.create_task(read_stream(url, route, body, freeze_core))
+        waiting = asyncio.create_task(first_token.wait())
+        await asyncio.wait({streamed, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        assert first_token.is_set(), f"the stream ended with no token: {streamed.result()}"
         generated = await settled_metric(doomed, GENERATED) - generated_before
-        assert 0 < generated < body["max_tokens"], f"{generated} tokens when frozen"
+        assert 0 < generated < body["max_tokens"], f"{generated} tokens on it when frozen"
         faulted = time.monotonic()
         if frozen:
             assert doomed_decode.pid is not None
             os.killpg(doomed_decode.pid, signal.SIGSTOP)
         else:
             doomed_decode.kill()
-        response = await streamed
+        response, events = await streamed
         after_fault_s = time.monotonic() - faulted
         tally.seconds.append(time.monotonic() - began)
         doomed_decode.kill()  # a frozen one too: it is the test's own
@@ -535,7 +573,6 @@ async def stream_with_its_decode_engine_killed(
 
     assert response.status_code == 200
     tally.succeeded += 1
-    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     return KilledStream(response, chunks, metrics, after_fault_s)

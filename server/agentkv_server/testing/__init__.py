@@ -7,6 +7,7 @@ from agentkv_server.testing.harness import (
     conversation,
     in_process_router,
     serve_in_process,
+    serve_on_loopback,
     words,
 )
 from agentkv_server.testing.redis_server import RedisServer
@@ -41,6 +42,7 @@ __all__ = [
     "in_process_router",
     "run_sessions",
     "serve_in_process",
+    "serve_on_loopback",
     "stub_answer",
     "words",
 ]

@@ -1,4 +1,5 @@
-"""A router app driven in-process (``httpx.ASGITransport``) in front of stub engines.
+"""A router app driven in-process (``httpx.ASGITransport``) in front of stub engines, or served
+on a loopback port where a test must read a stream as it comes.
 
 What unit tests, Redis tests and quick experiments share: start a :class:`StubCluster`'s
 engines, build the app from :class:`~agentkv_server.settings.Settings`, run its lifespan, and
@@ -7,6 +8,7 @@ wire the engines' holding reports back into the app like a real connector would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,7 +25,14 @@ if TYPE_CHECKING:
     import httpx
     from fastapi import FastAPI
 
-__all__ = ["InProcessRouter", "conversation", "in_process_router", "serve_in_process", "words"]
+__all__ = [
+    "InProcessRouter",
+    "conversation",
+    "in_process_router",
+    "serve_in_process",
+    "serve_on_loopback",
+    "words",
+]
 
 
 def words(n: int, tag: str = "x") -> str:
@@ -125,6 +134,31 @@ async def serve_in_process(
         httpx.AsyncClient(transport=transport, base_url="http://router", timeout=timeout_s) as c,
     ):
         yield app, c
+
+
+@contextlib.asynccontextmanager
+async def serve_on_loopback(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port in this event loop; yields its URL.
+
+    ``httpx.ASGITransport`` returns a response only once the app has sent all of it, so a test
+    that acts on a stream's first chunk needs real HTTP. The app's lifespan is the caller's.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not (server.started or serving.done()):
+            await asyncio.sleep(0.01)
+        if serving.done():
+            serving.result()  # uvicorn's own error, if it raised one
+            raise AssertionError("uvicorn stopped before it served")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
 
 
 @contextlib.asynccontextmanager

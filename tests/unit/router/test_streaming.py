@@ -4,23 +4,10 @@ the router's idle timeout would."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
-import uvicorn
 
-from agentkv_server.testing import StubCluster, conversation, in_process_router
+from agentkv_server.testing import StubCluster, conversation, in_process_router, serve_on_loopback
 from agentkv_server.testing.conditions import eventually
-
-
-async def _serve(app) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    await eventually(lambda: server.started or task.done(), "serving")
-    assert not task.done(), f"uvicorn stopped before it served: {task}"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, f"http://127.0.0.1:{port}"
 
 
 async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> None:
@@ -31,9 +18,8 @@ async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> 
         async with in_process_router(cluster, faults={"stall_s": 60.0}) as router:
             decode = router.state.decode.engines[0]
             router.decode[0].stall_after_chunks = 2
-            server, serving, url = await _serve(router.app)
             body = {"model": "m", "messages": conversation(1, 50), "stream": True}
-            try:
+            async with serve_on_loopback(router.app) as url:
                 async with (
                     httpx.AsyncClient(base_url=url, timeout=10) as client,
                     client.stream("POST", "/v1/chat/completions", json=body) as answer,
@@ -43,9 +29,6 @@ async def test_a_client_leaving_mid_stream_ends_the_engine_request_at_once() -> 
                     assert first.startswith(b"data: ")
                     assert decode.inflight == 1
                 await eventually(lambda: decode.inflight == 0, "ended on the engine", timeout_s=5.0)
-            finally:
-                server.should_exit = True
-                await serving
     finally:
         await cluster.close()
 
@@ -54,14 +37,12 @@ async def test_a_stream_that_ends_leaves_nothing_in_flight() -> None:
     cluster = StubCluster()
     try:
         async with in_process_router(cluster) as router:
-            server, serving, url = await _serve(router.app)
             body = {"model": "m", "messages": conversation(1, 50), "stream": True}
-            try:
-                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-                    answer = await client.post("/v1/chat/completions", json=body)
-            finally:
-                server.should_exit = True
-                await serving
+            async with (
+                serve_on_loopback(router.app) as url,
+                httpx.AsyncClient(base_url=url, timeout=10) as client,
+            ):
+                answer = await client.post("/v1/chat/completions", json=body)
             assert answer.text.rstrip().endswith("data: [DONE]")
             assert router.state.decode.engines[0].inflight == 0
     finally:
