@@ -61,6 +61,8 @@ __all__ = [
     "SECRET_HEADER",
     "TAIL_TOKEN_IDS",
     "TICKET",
+    "WAITED_BESIDE_RETAINED_SECONDS",
+    "WAITED_FOR_BLOCKS_SECONDS",
     "cold_prefill_params",
     "decode_params",
     "holding_report",
@@ -112,6 +114,12 @@ KV_LOAD: Final = "agentkv_kv_load"
 KV_LOAD_FROM: Final = "agentkv_kv_load_from"
 KV_LOAD_OK: Final = "ok"
 KV_LOAD_FAILED: Final = "failed"
+# Engine -> router, in the returned params and the holding report of a request that waited for
+# KV blocks before it was admitted: the seconds it waited, and those of them during which the
+# engine retained blocks for later pulls that were neither released nor expired (the wait that
+# retained KV caused: connector/blockwaits.py). Absent when it did not wait.
+WAITED_FOR_BLOCKS_SECONDS: Final = "agentkv_waited_for_blocks_seconds"
+WAITED_BESIDE_RETAINED_SECONDS: Final = "agentkv_waited_beside_retained_seconds"
 
 # D -> router: the holding report of a ticketed request (streamed turns).
 REPORT_PATH: Final = "/internal/v1/kv-holdings"

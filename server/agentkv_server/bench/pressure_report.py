@@ -52,6 +52,7 @@ class PressureRow:
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     waited_requests: int | None
+    waited_beside_holdings: int | None
     preemptions: int | None
     peak_kv_tokens: int | None
     peak_kv_fraction: float | None
@@ -103,6 +104,7 @@ def _row(result: BenchResult, mode: str, sessions: int) -> PressureRow:
         ttft_p50_s=percentile(ttfts, 50) if ttfts else None,
         ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
         waited_requests=_sum(w.waited_requests for w in windows),
+        waited_beside_holdings=_sum(w.waited_beside_holdings for w in windows),
         preemptions=_sum(w.preemptions for w in windows),
         peak_kv_tokens=max((w.peak_kv_tokens or 0 for w in peaks), default=None),
         peak_kv_fraction=max((w.peak_kv_fraction or 0.0 for w in peaks), default=None),
@@ -168,7 +170,10 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
             "engine's KV cache, given the run's own trace (Belady's rule: drop the holding used "
             "furthest ahead). TTFT: client-side, over follow-ups, repeats pooled. Waited: decode "
             f"engine requests queued over {threshold:g} s before being scheduled "
-            "(`vllm:request_queue_time_seconds`); preempted: `vllm:num_preemptions`. Peak KV: "
+            "(`vllm:request_queue_time_seconds`); beside holdings: decode requests that "
+            "waited for blocks while unreleased holdings were in the way, as their engine's "
+            'connector measured it (`agentkv_engine_blocks_wait_seconds{beside="retained"}`'
+            "; n/a without a router); preempted: `vllm:num_preemptions`. Peak KV: "
             "the most the decode engine held, sampled every second. Missed: the follow-ups "
             "that did not reuse their history, by the router's reason for their path "
             "(`released_*`: the session's holding went to make room; `none_held`: it had "
@@ -177,9 +182,10 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
         "",
         (
             "| sessions | mode | turns | failed | reused | clairvoyant | of clairvoyant "
-            "| TTFT p50 (s) | TTFT p99 (s) | waited | preempted | peak KV | missed |"
+            "| TTFT p50 (s) | TTFT p99 (s) | waited | beside holdings | preempted | peak KV "
+            "| missed |"
         ),
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(_row_line(r) for r in sorted(rows, key=lambda r: r.sessions)),
     ]
     return "\n".join(lines) + "\n"
@@ -202,6 +208,7 @@ def _row_line(r: PressureRow) -> str:
         _seconds(r.ttft_p50_s),
         _seconds(r.ttft_p99_s),
         _count(r.waited_requests),
+        _count(r.waited_beside_holdings),
         _count(r.preemptions),
         peak,
         ", ".join(f"{reason} {count}" for reason, count in r.missed.items()) or "-",

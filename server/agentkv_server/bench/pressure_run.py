@@ -22,7 +22,12 @@ from agentkv_server.bench.pressure import PressureWorkload
 from agentkv_server.bench.pressure_report import reused_history
 from agentkv_server.bench.records import PressureWindow, TurnRecord
 from agentkv_server.bench.runner import Runner, Target, session_name
-from agentkv_server.bench.waits import WAIT_THRESHOLD_S, EngineMemory, WaitWatch
+from agentkv_server.bench.waits import (
+    WAIT_THRESHOLD_S,
+    EngineMemory,
+    WaitWatch,
+    waits_beside_holdings,
+)
 
 __all__ = ["DRAIN_FLOOR", "PressureRecords", "drain", "end_sessions", "run_pressure"]
 
@@ -62,12 +67,14 @@ async def run_pressure(
                     drained = await drain(target.metrics_urls, http, drain_max_s, progress)
                     watch = WaitWatch(target.metrics_urls, http)
                     started = time.monotonic()
+                    beside_before = await _beside_holdings(target, http)
                     async with watch.running():
                         turns = await runner.run_plans(target, repeat, salt, plans)
+                    beside = _growth(beside_before, await _beside_holdings(target, http))
                     await end_sessions(target, http, [
                         session_name(salt, mode, repeat, plan, count) for plan in plans
                     ])  # fmt: skip
-                window = _window(mode, repeat, count, watch, drained)
+                window = _window(mode, repeat, count, watch, drained, beside)
                 records.turns.extend(turns)
                 records.windows.append(window)
                 progress(_describe(window, turns, time.monotonic() - started))
@@ -114,8 +121,24 @@ def _held_fraction(engines: list[EngineMemory]) -> float | None:
     return max(fractions) if fractions else None
 
 
+async def _beside_holdings(target: Target, http: httpx.AsyncClient) -> int | None:
+    """What the mode's router counted so far (bench/waits.py); None for plain engines."""
+    if not target.tag_body:
+        return None
+    return await waits_beside_holdings(http, target.base_urls[0])
+
+
+def _growth(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before
+
+
 def _window(
-    mode: str, repeat: int, count: int, watch: WaitWatch, drained_s: float
+    mode: str,
+    repeat: int,
+    count: int,
+    watch: WaitWatch,
+    drained_s: float,
+    waited_beside_holdings: int | None,
 ) -> PressureWindow:
     seen = watch.result
     counters = seen.counters if seen is not None else None
@@ -125,6 +148,7 @@ def _window(
         sessions=count,
         decode_requests=None if counters is None else round(counters.requests),
         waited_requests=None if counters is None else round(counters.waited),
+        waited_beside_holdings=waited_beside_holdings,
         preemptions=None if counters is None else round(counters.preemptions),
         peak_kv_tokens=seen.peak_tokens if seen else None,
         peak_kv_fraction=seen.peak_fraction if seen else None,

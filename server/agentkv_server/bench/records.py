@@ -127,15 +127,17 @@ class TransferRecord:
 @dataclass(frozen=True)
 class PressureWindow:
     """The decode engines over one run of the pressure sweep (bench/waits.py): requests that
-    left their queue, those that waited over ``wait_threshold_s`` (for blocks), preemptions,
-    the most KV held, the KV cache's size, and how long bench waited beforehand for the
-    previous run's retained KV to leave."""
+    left their queue, those that waited over ``wait_threshold_s`` (for blocks), those that the
+    router counted as kept waiting by holdings (None without a router), preemptions, the most
+    KV held, the KV cache's size, and how long bench waited beforehand for the previous run's
+    retained KV to leave."""
 
     mode: str
     repeat: int
     sessions: int
     decode_requests: int | None = None
     waited_requests: int | None = None
+    waited_beside_holdings: int | None = None
     preemptions: int | None = None
     peak_kv_tokens: int | None = None
     peak_kv_fraction: float | None = None

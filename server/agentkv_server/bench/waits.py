@@ -21,6 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_server.bench.kvmemory import CACHE_INFO_METRIC, USAGE_METRIC
+from agentkv_server.router import blockwaits
 
 __all__ = [
     "QUEUE_METRIC",
@@ -30,6 +31,7 @@ __all__ = [
     "WaitWatch",
     "WatchResult",
     "parse_engine_memory",
+    "waits_beside_holdings",
 ]
 
 QUEUE_METRIC = "vllm:request_queue_time_seconds"
@@ -197,3 +199,24 @@ def _total(engines: list[EngineMemory]) -> WaitCounters:
     for engine in engines:
         total = total + engine.counters
     return total
+
+
+async def waits_beside_holdings(client: httpx.AsyncClient, router_url: str) -> int | None:
+    """Decode requests that the router behind ``router_url`` counted as kept waiting for blocks
+    by unreleased holdings, as their engines reported it (router/blockwaits.py); None when the
+    router does not answer."""
+    try:
+        response = await client.get(f"{router_url.rstrip('/')}/metrics", timeout=5.0)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    wanted = {"role": "decode", "beside": "retained"}
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name == f"{blockwaits.METRIC}_count"
+            and wanted.items() <= sample.labels.items()
+        )
+    )

@@ -9,7 +9,10 @@ On a decode engine (D), when a request finishes:
   (``capacity.py``), from which the router budgets what it keeps retained;
 * with an ``agentkv_ticket``, the params are reported to the router (``report.py``).
 
-On either engine, a request that loaded KV from a remote engine (D reading P's prompt, P
+On either engine, a request that waited for KV blocks before it was admitted returns how long,
+and how much of that wait fell while the engine retained blocks for later pulls
+(``agentkv_waited_for_blocks_seconds``, ``agentkv_waited_beside_retained_seconds``:
+``blockwaits.py``). A request that loaded KV from a remote engine (D reading P's prompt, P
 pulling a holding) returns how that load ended: ``agentkv_kv_load`` (``ok``, or ``failed`` when
 the worker reported it in ``failed_recving`` and the request computed the prompt itself) and
 ``agentkv_kv_load_from``, the engine it loaded from. The router learns each engine pair's
@@ -36,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorS
 from vllm.utils.math_utils import cdiv
 
 from agentkv_server import wire
+from agentkv_server.connector.blockwaits import BlockWaits
 from agentkv_server.connector.capacity import capacity_params
 from agentkv_server.connector.idle import IdleBackoff, engine_input_queue, wait_for_input
 from agentkv_server.connector.log import get_logger
@@ -108,10 +112,12 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._loaded_at: dict[str, float] = {}
         # Requests that load KV from a remote engine: that engine, and how the load ended.
         self._loads: dict[str, _Load] = {}
+        self._block_waits = BlockWaits()
         self._idle = _idle_backoff(settings)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
         # Called once per engine step, before the step runs: the place to pace an idle loop.
+        self._block_waits.step(retaining=self._holdings_in_the_way)
         self._idle.step(busy=self._has_work(scheduler_output))
         self._note_loaded_requests_left_waiting(scheduler_output)
         return super().build_connector_meta(scheduler_output)
@@ -161,6 +167,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         so the scheduler would park the request in ``WAITING_FOR_REMOTE_KVS`` for a load that
         never starts (docs/connector.md, "A pull that failed"). Its prefix is computed instead.
         """
+        self._block_waits.asked(request.request_id)
         params = request.kv_transfer_params
         if _pulls_holding(params):
             if params.get(_PULL_PLANNED):
@@ -173,6 +180,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        self._block_waits.admitted(request.request_id)
         params = request.kv_transfer_params
         if _pulls_holding(params) and not params.get(_PULL_PLANNED):
             loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
@@ -221,6 +229,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     def on_new_request(self, request: Request) -> None:
         super().on_new_request(request)
         self._unfinished[request.request_id] = request
+        self._block_waits.arrived(request.request_id)
         for req_id in release_ids(request.kv_transfer_params):
             self._release(req_id)
 
@@ -235,6 +244,10 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             params = {} if params is None else params
             params[wire.KV_LOAD] = load.outcome
             params[wire.KV_LOAD_FROM] = load.engine_id
+        if (waited := self._block_waits.finished(request.request_id)) is not None:
+            params = {} if params is None else params
+            params[wire.WAITED_FOR_BLOCKS_SECONDS] = round(waited.seconds, 3)
+            params[wire.WAITED_BESIDE_RETAINED_SECONDS] = round(waited.beside_retained_s, 3)
         request_params = request.kv_transfer_params or {}
         if delay_free and params is not None and params.get(wire.DO_REMOTE_DECODE):
             delay_free = self._retain(request, params, request_params)
@@ -259,6 +272,14 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             load = self._loads.get(req_id)
             if load is not None and load.outcome is None:
                 load.outcome = wire.KV_LOAD_FAILED if req_id in failed else wire.KV_LOAD_OK
+
+    def _holdings_in_the_way(self) -> bool:
+        """Whether a request short of blocks waits because of holdings: blocks retained here
+        for later pulls, neither released nor expired, and no released ones on their way out
+        (a wait for those is the release's own step: ``has_pending_block_frees``)."""
+        now = time.perf_counter()
+        live = any(self._deadlines.get(req_id, 0.0) > now for req_id in self._retained)
+        return live and not self.has_pending_block_frees()
 
     def has_pending_block_frees(self) -> bool:
         """Whether retained blocks released or expired within ``PENDING_FREE_SECONDS`` are not

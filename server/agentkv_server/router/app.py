@@ -222,10 +222,9 @@ async def _report_holding(request: Request) -> Response:
             f"'{wire.KV_TRANSFER_PARAMS}' (object).",
             code="invalid_report",
         )
-    # A streamed turn's D says here how its read of P's KV went (pairs.py).
-    state.orchestrator.pairs.record_ticket(
-        report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS]
-    )
+    # A streamed turn's D says here how its read of P's KV went (pairs.py) and how long it
+    # waited for blocks (blockwaits.py).
+    state.orchestrator.record_report(report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS])
     await state.keeper.record(
         report[wire.REPORT_TICKET], report[wire.KV_TRANSFER_PARAMS], reported=True
     )

@@ -21,6 +21,9 @@
   holding, and why: ``local_fastest``, ``stall_over_budget``, ``pull_cheaper``... policy.py)
 - ``agentkv_local_added_itl_seconds`` (histogram: the inter-token delay each local turn on a busy
   holder was predicted to add to the holder's running sequences, per decode step)
+- ``agentkv_engine_blocks_wait_seconds{role,beside="retained|running"}`` (histogram: how long
+  engine requests waited for KV blocks before they were admitted, as the engines reported it;
+  ``retained`` where holdings that had not been released were in the way: blockwaits.py)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from agentkv_server.router import blockwaits
 from agentkv_server.router.failures import ErrorKind
 from agentkv_server.router.turn import KVPath
 
@@ -166,6 +170,14 @@ class RouterMetrics:
             ["path", "reason"],
             registry=self.registry,
         )
+        self.blocks_wait = Histogram(
+            blockwaits.METRIC,
+            "Seconds engine requests waited for KV blocks before admission, as the engines "
+            "reported it; beside=retained where unreleased holdings were in the way.",
+            ["role", "beside"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
         self.local_added_itl = Histogram(
             "agentkv_local_added_itl_seconds",
             "Inter-token delay a local turn on a busy holder was predicted to add to each of "
@@ -227,6 +239,10 @@ class RouterMetrics:
                 prefill=prefill, decode=decode
             )
         child.set(1 if healthy else 0)
+
+    def record_blocks_wait(self, role: str, seconds: float, *, beside_retained: bool) -> None:
+        beside = "retained" if beside_retained else "running"
+        self.blocks_wait.labels(role=role, beside=beside).observe(seconds)
 
     def record_kv_release(self, reason: str) -> None:
         self.kv_releases.labels(reason=reason).inc()

@@ -14,6 +14,8 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
 - a decode step that reads a prefill engine's KV (``do_remote_prefill``) says how that load
   went, as agentkv's connector does (``agentkv_kv_load``, ``agentkv_kv_load_from``): ``ok``, or
   ``failed`` while ``kv_load_fails`` is set (the step then computes the prompt itself);
+- while ``blocks_wait`` is set, a decode step says it waited that long for KV blocks (seconds,
+  and those of them beside retained holdings), as agentkv's connector does;
 - ``agentkv_release`` frees retained requests at once;
 - a non-streamed request with a JSON-schema format is answered with a sample of the schema
   (stub_shapes.py), so openai's ``parse`` helpers accept it.
@@ -103,6 +105,7 @@ class StubEngine:
     report_cached_tokens: bool = True
     delay_s: float = 0.0
     kv_load_fails: bool = False  # its reads of prefill engines' KV fail (it recomputes)
+    blocks_wait: tuple[float, float] | None = None  # each decode step's wait for blocks
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
     # The KV size its params report, as agentkv's connector does (None: reports none).
     kv_capacity_tokens: int | None = None
@@ -291,6 +294,13 @@ class StubEngine:
         self.generation_tokens_total += n
         holding = self._retain(params, prompt_tokens + n)
         returned = holding if load is None else {**(holding or {}), **load}
+        if self.blocks_wait is not None:
+            waited, beside_retained = self.blocks_wait
+            returned = {
+                **(returned or {}),
+                wire.WAITED_FOR_BLOCKS_SECONDS: waited,
+                wire.WAITED_BESIDE_RETAINED_SECONDS: beside_retained,
+            }
         ticket = params.get(wire.TICKET)
         if body.get("stream"):
             response = await self._stream(request, stream_events(body, n, prompt_tokens, returned))

@@ -324,6 +324,7 @@ def metered(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     metered: None,
+    stubs: StubThread,
     local_stub_stack: list[str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -331,6 +332,8 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
 ) -> None:
     monkeypatch.setenv("AGENTKV_TIMEOUTS__TOKENIZE_S", "2")  # for the routers, as agentkv router
     modes = ("aggregated", "recompute", "agentkv", "upstream-best")
+    # Every decode step says holdings kept it waiting for blocks, as agentkv's connector would.
+    stubs.engine("decode").blocks_wait = (1.5, 1.0)
     out = tmp_path / "out"
     shape = ["--session-counts", "2,4", "--history-tokens", "300,400", "--turns", "3",
              "--new-tokens", "5", "--output-tokens", "3", "--tool-latency", "lognormal:0.02"]  # fmt: skip
@@ -349,6 +352,11 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     assert {(w.mode, w.sessions) for w in result.windows} == set(rows)
     assert all(w.capacity_tokens == _BLOCKS * _BLOCK_SIZE for w in result.windows)
     assert all(w.waited_requests == 0 and w.decode_requests for w in result.windows)
+    # Counted by each mode's router; aggregated has none to count them.
+    assert all(
+        (w.waited_beside_holdings is None) == (w.mode == "aggregated") for w in result.windows
+    )
+    assert all(w.waited_beside_holdings for w in result.windows if w.mode == "agentkv")
     for (mode, n), row in rows.items():
         assert row["failed"] == 0 and row["turns"] == 3 * n
         assert row["clairvoyant_followups"] == row["followups"] > 0

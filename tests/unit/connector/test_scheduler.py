@@ -17,6 +17,7 @@ import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorScheduler
 from vllm.v1.request import RequestStatus
 
+from agentkv_server.connector.blockwaits import BlockWaits
 from agentkv_server.connector.prefix import PrefixFingerprint
 from agentkv_server.connector.scheduler import AgentKVScheduler
 
@@ -36,6 +37,7 @@ def bare_scheduler() -> AgentKVScheduler:
     scheduler._unfinished = {}
     scheduler._loaded_at = {}
     scheduler._loads = {}
+    scheduler._block_waits = BlockWaits()
     scheduler._reporter = None
     return scheduler
 
@@ -276,3 +278,127 @@ def test_a_load_still_running_when_its_request_ends_returns_no_outcome() -> None
 
     assert params is not None and "agentkv_kv_load" not in params
     assert scheduler._loads == {}
+
+
+# -- the wait for blocks each finished request returns (connector/blockwaits.py) ---------------
+
+
+class Steps:
+    """A scheduler's steps on a clock the test moves: ``step(seconds)`` ends the scheduling of
+    one step (vLLM builds the connector's metadata right after it) and runs it for ``seconds``."""
+
+    def __init__(self, scheduler: AgentKVScheduler, *, retaining: bool) -> None:
+        self.now = 0.0
+        self.scheduler = scheduler
+        scheduler._block_waits = BlockWaits(clock=lambda: self.now)
+        scheduler._holdings_in_the_way = lambda: retaining  # type: ignore[method-assign]
+        scheduler._idle = SimpleNamespace(step=lambda busy: 0.0)
+        scheduler._reqs_need_recv = {}
+        scheduler._reqs_need_send = {}
+        scheduler._reqs_in_batch = set()
+        scheduler._reqs_not_processed = set()
+
+    def step(self, seconds: float) -> None:
+        self.scheduler._block_waits.step(self.scheduler._holdings_in_the_way)
+        self.now += seconds
+
+
+def local_request(req_id: str = "turn-1") -> SimpleNamespace:
+    """A decode request computed here (nothing to load), as the local path sends."""
+    request = decoding_request()
+    request.request_id = req_id
+    request.kv_transfer_params.update(do_remote_prefill=False, remote_block_ids=None)
+    return request
+
+
+def test_a_request_short_of_blocks_returns_its_wait_beside_retained_blocks() -> None:
+    scheduler = finishing(bare_scheduler())
+    steps = Steps(scheduler, retaining=True)
+    first, behind = local_request(), local_request("turn-2")
+    for request in (first, behind):
+        scheduler.on_new_request(request)
+    for _ in range(3):  # three steps with no blocks for the first, the other queued behind it
+        scheduler.get_num_new_matched_tokens(first, 0)
+        steps.step(0.5)
+    scheduler.get_num_new_matched_tokens(first, 0)
+    scheduler.update_state_after_alloc(first, allocated([10, 11, 12, 13]), 0)
+    steps.step(0.5)
+    scheduler.get_num_new_matched_tokens(behind, 0)
+    scheduler.update_state_after_alloc(behind, allocated([14, 15, 16, 17]), 0)
+    steps.step(0.5)
+
+    params, queued = finish(scheduler, first), finish(scheduler, behind)
+
+    assert params is not None and queued is not None
+    assert params["agentkv_waited_for_blocks_seconds"] == 1.5
+    assert params["agentkv_waited_beside_retained_seconds"] == 1.5
+    # Behind it, the same: the step that admitted the first was not short of blocks (the one
+    # after was the second's turn in the queue, not a wait for blocks).
+    assert queued["agentkv_waited_for_blocks_seconds"] == 1.5
+
+
+def test_a_wait_with_nothing_retained_is_not_blamed_on_holdings() -> None:
+    scheduler = finishing(bare_scheduler())
+    steps = Steps(scheduler, retaining=False)
+    request = local_request()
+    scheduler.on_new_request(request)
+    scheduler.get_num_new_matched_tokens(request, 0)
+    steps.step(0.25)  # no blocks: it waits one step
+    scheduler.get_num_new_matched_tokens(request, 0)
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), 0)
+    steps.step(0.25)
+
+    params = finish(scheduler, request)
+
+    assert params is not None
+    assert params["agentkv_waited_for_blocks_seconds"] == 0.25
+    assert params["agentkv_waited_beside_retained_seconds"] == 0.0
+
+
+def test_a_request_admitted_at_once_returns_no_wait() -> None:
+    scheduler = finishing(bare_scheduler())
+    steps = Steps(scheduler, retaining=True)
+    request = local_request()
+    scheduler.on_new_request(request)
+    scheduler.get_num_new_matched_tokens(request, 0)
+    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), 0)
+    steps.step(2.0)  # a long step, but not a wait for blocks
+    steps.step(2.0)
+
+    params = finish(scheduler, request)
+
+    assert params is not None and "agentkv_waited_for_blocks_seconds" not in params
+
+
+def test_a_request_aborted_while_it_waits_is_forgotten() -> None:
+    waits = BlockWaits(clock=iter([0.0, 1.0, 2.0, 3.0]).__next__)
+    waits.arrived("turn-1")
+    waits.asked("turn-1")
+    waits.step(lambda: True)  # short: turn-1 waits
+    waits.step(lambda: False)
+
+    wait = waits.finished("turn-1")
+    waits.step(lambda: False)
+
+    assert wait is not None and (wait.seconds, wait.beside_retained_s) == (1.0, 1.0)
+    assert waits.finished("turn-1") is None
+
+
+def test_only_live_holdings_are_in_the_way(monkeypatch) -> None:
+    now = 100.0
+    monkeypatch.setattr("agentkv_server.connector.scheduler.time.perf_counter", lambda: now)
+    scheduler = bare_scheduler()
+    scheduler._retained = {"expired"}
+    scheduler._deadlines = {"expired": 90.0}  # freed on the worker's next step
+    assert not scheduler._holdings_in_the_way()
+
+    scheduler._retained.add("held")
+    scheduler._deadlines["held"] = 130.0
+    assert scheduler._holdings_in_the_way()
+
+    # Released a moment ago: the wait is now for those blocks, on their way out.
+    scheduler._retained.add("released")
+    scheduler._deadlines["released"] = 99.9
+    assert not scheduler._holdings_in_the_way()
+    now = 102.0  # a pending free this old is not counted on: the holding is in the way again
+    assert scheduler._holdings_in_the_way()

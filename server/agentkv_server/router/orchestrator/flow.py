@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from starlette.responses import Response
 
@@ -50,6 +51,12 @@ class Orchestrator:
         self._planner = Planner(self._services)
         # Each prefill/decode pair's KV transfer health; the app records holding reports here.
         self.pairs = self._services.pairs
+
+    def record_report(self, ticket: str, params: dict[str, Any]) -> None:
+        """What a decode engine's holding report says besides the holding (which the keeper
+        records): how its read of P's KV went, and its wait for blocks."""
+        self.pairs.record_ticket(ticket, params)
+        self._services.block_waits.record("decode", params)
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
         plan = await self._planner.plan(request)

@@ -113,7 +113,7 @@ class Relay:
             if final is None:
                 continue
             params = editor.kv_transfer_params
-            self._services.record_pair(self._source, relayed.engine, relayed.ticket, params)
+            self._services.record_returned(self._source, relayed.engine, relayed.ticket, params)
             if relayed.ticket is not None:
                 waited = time.monotonic()
                 await self._hold_back_final(relayed.ticket, params)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentkv_server import wire
+from agentkv_server.router.blockwaits import BlockWaitTally
 from agentkv_server.router.failures import LOST, SUSPECT
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.http_client import HTTPClient, Timeout
@@ -71,6 +72,7 @@ class Services:
     metrics: RouterMetrics
     pairs: PairHealth = field(init=False)
     """Each prefill/decode pair's KV transfer health; the app records holding reports here."""
+    block_waits: BlockWaitTally = field(init=False)
     watchdog: Watchdog = field(init=False)
     timeouts: StepTimeouts = field(init=False)
 
@@ -81,6 +83,7 @@ class Services:
             metrics=self.metrics,
             pairs=[(p.url, d.url) for p in self.prefill.engines for d in self.decode.engines],
         )
+        self.block_waits = BlockWaitTally(self.metrics)
         self.watchdog = Watchdog(self.http, settings.faults, settings.timeouts.health_s)
         self.timeouts = StepTimeouts.of(settings.timeouts)
 
@@ -200,12 +203,14 @@ class Services:
         else:
             logger.debug("%s", failure)
 
-    def record_pair(
+    def record_returned(
         self, source: str | None, engine: Engine, ticket: str | None, params: dict[str, Any] | None
     ) -> None:
-        """How D's read of P's KV went, from D's returned params: once per ticket (its answer
-        or its holding report, whichever comes first), else for the pair of ``source`` (the P
-        engine D read from; None for a decode-only step) and ``engine``."""
+        """What D's returned params say besides the holding: its wait for blocks, and how its
+        read of P's KV went: once per ticket (its answer or its holding report, whichever comes
+        first), else for the pair of ``source`` (the P engine D read from; None for a
+        decode-only step) and ``engine``."""
+        self.block_waits.record(engine.role, params)
         if ticket is not None:
             self.pairs.record_ticket(ticket, params)
         else:

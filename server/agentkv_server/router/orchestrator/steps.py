@@ -96,8 +96,10 @@ class PrefillAttempt(Attempt[Prefilled]):
             turn, services.policy, answer, pulled_from, seconds, plan.holder_running > 0
         )
         returned = answer.get(wire.KV_TRANSFER_PARAMS)
-        # How P's pull from the holder went (taken out: D must not take it for its own).
+        # How P's pull from the holder went, and P's wait for blocks (taken out: D must not
+        # take them for its own).
         services.pairs.record_params(engine.url, plan.holder_url if pulling else None, returned)
+        services.block_waits.record(engine.role, returned)
         return Prefilled(returned if isinstance(returned, dict) else {}, engine.url, pulled)
 
     def stalled(self, failure: EngineFailure) -> bool:
@@ -195,7 +197,7 @@ class DecodeAttempt(Attempt[Response]):
             account_local(turn, self._plan, services.policy, answer)
         record_turn(services.metrics, turn)
         params = answer.pop(wire.KV_TRANSFER_PARAMS, None)
-        services.record_pair(self._source, engine, ticket, params)
+        services.record_returned(self._source, engine, ticket, params)
         if ticket is not None and isinstance(params, dict):
             await services.keeper.record(ticket, params)
         log_breakdown(turn)
