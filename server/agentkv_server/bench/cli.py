@@ -90,10 +90,11 @@ _PATH_TURN_TIMEOUT_S = 1800.0
 # Options of the mode comparison that the pressure sweep has no use for (it has its own
 # session counts) and that only the pressure sweep takes.
 _NOT_PRESSURE = ("sessions", "concurrency", "decoders", "decode_tokens")
-_PRESSURE_ONLY = ("session_counts",)
+_PRESSURE_ONLY = ("session_counts", "start_spread")
 # Options of the mode comparison that the path sweep has no use for.
 _MODES_ONLY = (
     "session_counts",
+    "start_spread",
     "sessions",
     "turns",
     "tool_latency",
@@ -130,6 +131,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_int_list,
         metavar="N[,N...]",
         help="--preset pressure: numbers of sessions at once to sweep",
+    )
+    shape.add_argument(
+        "--start-spread",
+        type=float,
+        metavar="SECONDS",
+        help="--preset pressure: sessions start at random moments of this many first seconds "
+        "(the preset's 60 s keeps its one CPU prefill engine about half busy)",
     )
     shape.add_argument(
         "--turns", type=int, help="turns per session (--preset pressure: the most per session)"
@@ -408,6 +416,7 @@ def _pressure_plan(args: argparse.Namespace, preset: Preset) -> Preset:
         new_tokens=args.new_tokens,
         output_tokens=args.output_tokens,
         gap_median_s=gap.mean_s if gap is not None else None,
+        start_spread_s=args.start_spread,
         seed=args.seed,
     )
     return pressure_preset(

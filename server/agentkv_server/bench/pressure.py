@@ -107,6 +107,7 @@ class PressureWorkload:
         new_tokens: int | None = None,
         output_tokens: int | None = None,
         gap_median_s: float | None = None,
+        start_spread_s: float | None = None,
         seed: int | None = None,
     ) -> PressureWorkload:
         """A copy with the command line's values where given: ``history_tokens`` as LOW,HIGH
@@ -121,7 +122,8 @@ class PressureWorkload:
         if turns is not None:
             fields["turns"] = (min(self.turns[0], turns), turns)
         given = {"new_tokens": new_tokens, "output_tokens": output_tokens,
-                 "gap_median_s": gap_median_s, "seed": seed}  # fmt: skip
+                 "gap_median_s": gap_median_s, "start_spread_s": start_spread_s,
+                 "seed": seed}  # fmt: skip
         for name, value in given.items():
             if value is not None:
                 fields[name] = value

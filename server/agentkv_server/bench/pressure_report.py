@@ -53,6 +53,7 @@ class PressureRow:
     ttft_p99_s: float | None
     waited_requests: int | None
     waited_beside_holdings: int | None
+    waited_beside_holdings_s: float | None
     preemptions: int | None
     peak_kv_tokens: int | None
     peak_kv_fraction: float | None
@@ -105,6 +106,7 @@ def _row(result: BenchResult, mode: str, sessions: int) -> PressureRow:
         ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
         waited_requests=_sum(w.waited_requests for w in windows),
         waited_beside_holdings=_sum(w.waited_beside_holdings for w in windows),
+        waited_beside_holdings_s=_fsum(w.waited_beside_holdings_s for w in windows),
         preemptions=_sum(w.preemptions for w in windows),
         peak_kv_tokens=max((w.peak_kv_tokens or 0 for w in peaks), default=None),
         peak_kv_fraction=max((w.peak_kv_fraction or 0.0 for w in peaks), default=None),
@@ -131,6 +133,11 @@ def _clairvoyance(records: list[TurnRecord], windows: list[PressureWindow]) -> C
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _fsum(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
 
@@ -173,7 +180,8 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
             "(`vllm:request_queue_time_seconds`); beside holdings: decode requests that "
             "waited for blocks while unreleased holdings were in the way, as their engine's "
             'connector measured it (`agentkv_engine_blocks_wait_seconds{beside="retained"}`'
-            "; n/a without a router); preempted: `vllm:num_preemptions`. Peak KV: "
+            "), and their whole waits in seconds; n/a without a router; preempted: "
+            "`vllm:num_preemptions`. Peak KV: "
             "the most the decode engine held, sampled every second. Missed: the follow-ups "
             "that did not reuse their history, by the router's reason for their path "
             "(`released_*`: the session's holding went to make room; `none_held`: it had "
@@ -208,12 +216,20 @@ def _row_line(r: PressureRow) -> str:
         _seconds(r.ttft_p50_s),
         _seconds(r.ttft_p99_s),
         _count(r.waited_requests),
-        _count(r.waited_beside_holdings),
+        _beside(r),
         _count(r.preemptions),
         peak,
         ", ".join(f"{reason} {count}" for reason, count in r.missed.items()) or "-",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _beside(r: PressureRow) -> str:
+    if r.waited_beside_holdings is None:
+        return "n/a"
+    if not r.waited_beside_holdings or r.waited_beside_holdings_s is None:
+        return str(r.waited_beside_holdings)
+    return f"{r.waited_beside_holdings} ({r.waited_beside_holdings_s:.2f} s)"
 
 
 def _pct(value: float | None) -> str:

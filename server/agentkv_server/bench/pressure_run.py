@@ -25,6 +25,7 @@ from agentkv_server.bench.runner import Runner, Target, session_name
 from agentkv_server.bench.waits import (
     WAIT_THRESHOLD_S,
     EngineMemory,
+    HoldingWaits,
     WaitWatch,
     waits_beside_holdings,
 )
@@ -121,14 +122,14 @@ def _held_fraction(engines: list[EngineMemory]) -> float | None:
     return max(fractions) if fractions else None
 
 
-async def _beside_holdings(target: Target, http: httpx.AsyncClient) -> int | None:
+async def _beside_holdings(target: Target, http: httpx.AsyncClient) -> HoldingWaits | None:
     """What the mode's router counted so far (bench/waits.py); None for plain engines."""
     if not target.tag_body:
         return None
     return await waits_beside_holdings(http, target.base_urls[0])
 
 
-def _growth(before: int | None, after: int | None) -> int | None:
+def _growth(before: HoldingWaits | None, after: HoldingWaits | None) -> HoldingWaits | None:
     return None if before is None or after is None else after - before
 
 
@@ -138,7 +139,7 @@ def _window(
     count: int,
     watch: WaitWatch,
     drained_s: float,
-    waited_beside_holdings: int | None,
+    beside_holdings: HoldingWaits | None,
 ) -> PressureWindow:
     seen = watch.result
     counters = seen.counters if seen is not None else None
@@ -148,7 +149,10 @@ def _window(
         sessions=count,
         decode_requests=None if counters is None else round(counters.requests),
         waited_requests=None if counters is None else round(counters.waited),
-        waited_beside_holdings=waited_beside_holdings,
+        waited_beside_holdings=None if beside_holdings is None else beside_holdings.requests,
+        waited_beside_holdings_s=(
+            None if beside_holdings is None else round(beside_holdings.seconds, 3)
+        ),
         preemptions=None if counters is None else round(counters.preemptions),
         peak_kv_tokens=seen.peak_tokens if seen else None,
         peak_kv_fraction=seen.peak_fraction if seen else None,

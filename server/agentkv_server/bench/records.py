@@ -128,9 +128,9 @@ class TransferRecord:
 class PressureWindow:
     """The decode engines over one run of the pressure sweep (bench/waits.py): requests that
     left their queue, those that waited over ``wait_threshold_s`` (for blocks), those that the
-    router counted as kept waiting by holdings (None without a router), preemptions, the most
-    KV held, the KV cache's size, and how long bench waited beforehand for the previous run's
-    retained KV to leave."""
+    router counted as kept waiting by holdings and their seconds of waiting (None without a
+    router), preemptions, the most KV held, the KV cache's size, and how long bench waited
+    beforehand for the previous run's retained KV to leave."""
 
     mode: str
     repeat: int
@@ -138,6 +138,7 @@ class PressureWindow:
     decode_requests: int | None = None
     waited_requests: int | None = None
     waited_beside_holdings: int | None = None
+    waited_beside_holdings_s: float | None = None
     preemptions: int | None = None
     peak_kv_tokens: int | None = None
     peak_kv_fraction: float | None = None

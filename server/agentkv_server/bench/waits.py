@@ -27,6 +27,7 @@ __all__ = [
     "QUEUE_METRIC",
     "WAIT_THRESHOLD_S",
     "EngineMemory",
+    "HoldingWaits",
     "WaitCounters",
     "WaitWatch",
     "WatchResult",
@@ -201,9 +202,21 @@ def _total(engines: list[EngineMemory]) -> WaitCounters:
     return total
 
 
-async def waits_beside_holdings(client: httpx.AsyncClient, router_url: str) -> int | None:
-    """Decode requests that the router behind ``router_url`` counted as kept waiting for blocks
-    by unreleased holdings, as their engines reported it (router/blockwaits.py); None when the
+@dataclass(frozen=True)
+class HoldingWaits:
+    """Decode requests kept waiting for blocks by unreleased holdings, and their seconds of
+    waiting in all (each request's whole wait)."""
+
+    requests: int
+    seconds: float
+
+    def __sub__(self, earlier: HoldingWaits) -> HoldingWaits:
+        return HoldingWaits(self.requests - earlier.requests, self.seconds - earlier.seconds)
+
+
+async def waits_beside_holdings(client: httpx.AsyncClient, router_url: str) -> HoldingWaits | None:
+    """What the router behind ``router_url`` counted so far as kept waiting for blocks by
+    unreleased holdings, as their engines reported it (router/blockwaits.py); None when the
     router does not answer."""
     try:
         response = await client.get(f"{router_url.rstrip('/')}/metrics", timeout=5.0)
@@ -211,12 +224,10 @@ async def waits_beside_holdings(client: httpx.AsyncClient, router_url: str) -> i
     except httpx.HTTPError:
         return None
     wanted = {"role": "decode", "beside": "retained"}
-    return round(
-        sum(
-            sample.value
-            for family in text_string_to_metric_families(response.text)
-            for sample in family.samples
-            if sample.name == f"{blockwaits.METRIC}_count"
-            and wanted.items() <= sample.labels.items()
-        )
-    )
+    found = {"_count": 0.0, "_sum": 0.0}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            suffix = sample.name.removeprefix(blockwaits.METRIC)
+            if suffix in found and wanted.items() <= sample.labels.items():
+                found[suffix] += sample.value
+    return HoldingWaits(round(found["_count"]), found["_sum"])

@@ -248,6 +248,13 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             params = {} if params is None else params
             params[wire.WAITED_FOR_BLOCKS_SECONDS] = round(waited.seconds, 3)
             params[wire.WAITED_BESIDE_RETAINED_SECONDS] = round(waited.beside_retained_s, 3)
+            if waited.beside_retained_s > 0:
+                logger.info(
+                    "Request %s (%d prompt tokens) waited %.2f s for KV blocks, %.2f s of it "
+                    "beside retained blocks; %d requests' blocks retained now",
+                    request.request_id, request.num_prompt_tokens, waited.seconds,
+                    waited.beside_retained_s, len(self._retained),
+                )  # fmt: skip
         request_params = request.kv_transfer_params or {}
         if delay_free and params is not None and params.get(wire.DO_REMOTE_DECODE):
             delay_free = self._retain(request, params, request_params)

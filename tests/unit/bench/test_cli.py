@@ -336,7 +336,8 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     stubs.engine("decode").blocks_wait = (1.5, 1.0)
     out = tmp_path / "out"
     shape = ["--session-counts", "2,4", "--history-tokens", "300,400", "--turns", "3",
-             "--new-tokens", "5", "--output-tokens", "3", "--tool-latency", "lognormal:0.02"]  # fmt: skip
+             "--new-tokens", "5", "--output-tokens", "3", "--tool-latency", "lognormal:0.02",
+             "--start-spread", "0.5"]  # fmt: skip
     code = bench("--preset", "pressure", *shape, "--modes", ",".join(modes), "--out", str(out))
     assert code == 0
     assert local_stub_stack == ["smollm2"]
@@ -356,7 +357,9 @@ def test_preset_pressure_sweeps_the_modes_beside_the_clairvoyant(
     assert all(
         (w.waited_beside_holdings is None) == (w.mode == "aggregated") for w in result.windows
     )
-    assert all(w.waited_beside_holdings for w in result.windows if w.mode == "agentkv")
+    for window in (w for w in result.windows if w.mode == "agentkv"):
+        assert window.waited_beside_holdings and window.waited_beside_holdings_s
+        assert window.waited_beside_holdings_s == 1.5 * window.waited_beside_holdings
     for (mode, n), row in rows.items():
         assert row["failed"] == 0 and row["turns"] == 3 * n
         assert row["clairvoyant_followups"] == row["followups"] > 0
@@ -388,6 +391,14 @@ def test_preset_pressure_refuses_what_does_not_apply(
     assert named in capsys.readouterr().err
 
 
-def test_session_counts_belong_to_the_pressure_sweep(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench("--session-counts", "2", "--base-url", "aggregated=http://127.0.0.1:9") == 2
-    assert "--session-counts is a pressure sweep's option" in capsys.readouterr().err
+@pytest.mark.parametrize("option", ["--session-counts", "--start-spread"])
+def test_pressure_options_belong_to_the_pressure_sweep(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench(option, "2", "--base-url", "aggregated=http://127.0.0.1:9") == 2
+    assert f"{option} is a pressure sweep's option" in capsys.readouterr().err
+
+
+def test_a_negative_start_spread_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench("--preset", "pressure", "--start-spread", "-1") == 2
+    assert "start spread must be >= 0 seconds" in capsys.readouterr().err
