@@ -52,6 +52,10 @@ _HINTED, _MEASURED, _UNKNOWN = 1.0, 0.75, 0.5
 _ABANDONED = -1.0
 # A turn predicted any moment now still occupies its KV for about a step's time.
 _MIN_WAIT_S = 1.0
+# A decode step's room is reserved from make_room until its KV is recorded as a holding (or its
+# ticket is voided); a reservation whose end this router never saw (the step failed, or its
+# report reached another replica) is forgotten after this long.
+_STEP_TTL_S = 120.0
 # Weight of each new sample in the running means (all sessions' gap, a decode step's tokens), and
 # how many sessions' gaps (and pressure releases) are remembered.
 _EWMA_ALPHA = 0.2
@@ -115,6 +119,9 @@ class EngineKV:
     """By session key; change it through :meth:`put` and :meth:`pop`, which keep the total."""
     held_tokens: int = 0
     """What the holdings occupy, in whole blocks' tokens."""
+    steps: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Decode steps sent with a ticket whose KV is not recorded yet, by ticket: the tokens
+    (whole blocks) their prompts occupy, and when the reservation is forgotten."""
 
     def put(self, session_key: str, entry: Held) -> None:
         self.pop(session_key)
@@ -161,6 +168,7 @@ class CapacityLedger:
         # Sessions whose holding went to make room: its tokens and why, until their next turn.
         self._released: OrderedDict[str, tuple[int, ReleaseReason]] = OrderedDict()
         self._mean_step_tokens: float | None = None
+        self._step_where: dict[str, str] = {}  # ticket -> decode URL of its reserved step
 
     def engine(self, url: str) -> EngineKV:
         engine = self._engines.get(url)
@@ -201,9 +209,16 @@ class CapacityLedger:
             return []
         return self._shed(engine, lambda: engine.held_tokens > budget, "pressure")
 
-    def make_room(self, url: str, tokens: int, running: int) -> list[Holding]:
+    def make_room(
+        self, url: str, tokens: int, running: int, step: str | None = None
+    ) -> list[Holding]:
         """Holdings to release before a decode step of ``tokens`` on ``url``, beside
-        ``running`` other steps, so that it never waits for blocks the holdings occupy."""
+        ``running`` other steps, so that it never waits for blocks the holdings occupy.
+
+        The steps sent with a ticket (``step``) count at their own size until their KV is
+        recorded (:meth:`step_ended`), the others at the mean step size: a mean alone missed
+        several large steps arriving together, and a step between this call and its sending,
+        which is not yet in ``running`` (the connector's waits for blocks showed both)."""
         mean = self._mean_step_tokens
         if tokens > 0:
             mean = self._mean_step_tokens = (
@@ -213,9 +228,30 @@ class CapacityLedger:
         if not self._settings.enabled or engine.capacity_tokens is None:
             return []
         # The step's prompt and its first output token, in whole blocks, as vLLM admits it.
-        live = engine.in_blocks(tokens + 1) + running * (mean or 0.0)
-        room = engine.capacity_tokens - live
-        return self._shed(engine, lambda: engine.held_tokens > room, "live_turn")
+        need = engine.in_blocks(tokens + 1)
+        reserved = self._reserved_tokens(engine)
+        unreserved = max(running - len(engine.steps), 0)
+        room = engine.capacity_tokens - need - reserved - unreserved * (mean or 0.0)
+        victims = self._shed(engine, lambda: engine.held_tokens > room, "live_turn")
+        if step is not None:
+            engine.steps[step] = (need, self._clock() + _STEP_TTL_S)
+            self._step_where[step] = url
+        return victims
+
+    def step_ended(self, step: str) -> None:
+        """The ticketed step's KV is recorded as a holding (or it broke): its room is the
+        holding's now."""
+        url = self._step_where.pop(step, None)
+        if url is not None:
+            self._engines[url].steps.pop(step, None)
+
+    def _reserved_tokens(self, engine: EngineKV) -> int:
+        """The tokens of the engine's reserved steps, forgetting those past their time."""
+        now = self._clock()
+        for step in [step for step, (_, until) in engine.steps.items() if until <= now]:
+            del engine.steps[step]
+            self._step_where.pop(step, None)
+        return sum(tokens for tokens, _ in engine.steps.values())
 
     def taken(self, session_key: str, holding: Holding | None) -> ReleaseReason | None:
         """A turn of the session took its holding (None: it found none); when it found none

@@ -160,6 +160,8 @@ class HoldingKeeper:
         """
         awaited = self._unrecorded.pop(ticket_id, None)
         shared = ticket_id not in self._own_tickets
+        if self._ledger is not None:
+            self._ledger.step_ended(ticket_id)
         try:
             ticket = await self._pop_ticket(ticket_id)
             holding = None if ticket is None else await self._record(ticket, params)
@@ -194,12 +196,15 @@ class HoldingKeeper:
             await self._evict(victims)
         return None if holding in victims else holding
 
-    async def make_room(self, decode_url: str, tokens: int, running: int) -> None:
+    async def make_room(
+        self, decode_url: str, tokens: int, running: int, step: str | None = None
+    ) -> None:
         """Before a decode step of ``tokens`` beside ``running`` others: release (and wait for
-        the engine to free) the least valuable holdings the step would not fit beside."""
+        the engine to free) the least valuable holdings the step would not fit beside. A step
+        with a ticket (``step``) keeps its room reserved until its KV is recorded."""
         if self._ledger is None or not self._releases_enabled:
             return
-        if victims := self._ledger.make_room(decode_url, tokens, running):
+        if victims := self._ledger.make_room(decode_url, tokens, running, step):
             await self._evict(victims, wait=True)
 
     async def _evict(self, victims: Iterable[Holding], *, wait: bool = False) -> None:
@@ -243,11 +248,15 @@ class HoldingKeeper:
                 logger.exception("sweeping holdings failed")
 
     def _recorded_elsewhere(self, ticket_id: str) -> None:
+        if self._ledger is not None:
+            self._ledger.step_ended(ticket_id)
         if (awaited := self._unrecorded.pop(ticket_id, None)) is not None:
             awaited.set()
 
     async def void(self, ticket_id: str) -> None:
         """Forget a ticket whose decode step broke: a late report of it records nothing."""
+        if self._ledger is not None:
+            self._ledger.step_ended(ticket_id)
         self._unrecorded.pop(ticket_id, None)
         await self._pop_ticket(ticket_id)
 

@@ -214,6 +214,52 @@ def test_running_steps_count_against_the_room():
     assert [victim.session_key for victim in victims] == ["far"]
 
 
+def test_steps_sent_with_a_ticket_count_at_their_own_size_until_recorded():
+    """Found by the connector's waits for blocks on the pressure preset: several large steps
+    at once on a decode engine outgrew the mean step size the rule counted them at."""
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
+    assert ledger.make_room(URL, 100, running=0) == []  # the mean step: 100 tokens
+    assert ledger.make_room(URL, 3000, running=0, step="t1") == []  # 4000 + 3001 fit
+
+    # 4000 held + 3001 + t1's 3001 > 10 000 (at the mean, 1144, it would have fitted)
+    victims = ledger.make_room(URL, 3000, running=1, step="t2")
+
+    assert [victim.session_key for victim in victims] == ["far"]
+    ledger.step_ended("t1")
+    ledger.step_ended("t2")
+    ledger.add(holding("t2-session", 3000, clock), next_turn_s=2.0)  # t2's KV, now held
+    assert ledger.make_room(URL, 3000, running=0) == []  # 5000 held + 3001: t1 is gone
+
+
+def test_a_step_reserved_but_not_yet_sent_counts_against_the_next():
+    # Two turns that make room before either is in flight (running 0 for both).
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    assert ledger.make_room(URL, 4000, running=0, step="a") == []  # 2000 + 4001 fit
+
+    victims = ledger.make_room(URL, 4000, running=0, step="b")  # 2000 + 4001 + 4001 do not
+
+    assert [victim.session_key for victim in victims] == ["far"]
+
+
+def test_a_reservation_whose_end_was_never_seen_is_forgotten():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.make_room(URL, 4000, running=0, step="lost")  # its step failed: no holding came
+    assert ledger.make_room(URL, 4000, running=0) != []  # still counted: "far" goes
+
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    clock.now += 121.0
+
+    assert ledger.make_room(URL, 4000, running=0) == []  # 2000 + 4001 fit again
+    ledger.step_ended("lost")  # a late end of a forgotten step is harmless
+
+
 # -- sweeps, ends, gaps, lost reuse -----------------------------------------------------------
 
 

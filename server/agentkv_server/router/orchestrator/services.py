@@ -105,9 +105,10 @@ class Services:
         """``body`` as a decode step on ``engine`` sends it, and the ticket of the holding it is
         to keep: D's params are P's (None: D computes the prompt itself), the retention and the
         ticket. A step of ``tokens`` (0: unknown) that would not fit beside the engine's
-        holdings first has the least valuable of them released."""
-        await self.keeper.make_room(engine.url, tokens, engine.inflight)
+        holdings first has the least valuable of them released; with a ticket, its room stays
+        reserved until its KV is recorded."""
         ticket = await self._issue_ticket(turn, engine, retention_s)
+        await self.keeper.make_room(engine.url, tokens, engine.inflight, ticket)
         hints = self.policy.sends_hints
         params = wire.decode_params(
             prefill_params,
