@@ -337,18 +337,25 @@ def test_a_request_short_of_blocks_returns_its_wait_beside_retained_blocks() -> 
     assert queued["agentkv_waited_for_blocks_seconds"] == 1.5
 
 
-def test_a_wait_with_nothing_retained_is_not_blamed_on_holdings() -> None:
+def finished_after(short_steps: int, step_s: float, *, retaining: bool) -> dict[str, Any] | None:
+    """One request's returned params after ``short_steps`` steps without blocks for it, then
+    its admission and one more step, each ``step_s`` long."""
     scheduler = finishing(bare_scheduler())
-    steps = Steps(scheduler, retaining=False)
+    steps = Steps(scheduler, retaining=retaining)
     request = local_request()
     scheduler.on_new_request(request)
-    scheduler.get_num_new_matched_tokens(request, 0)
-    steps.step(0.25)  # no blocks: it waits one step
+    for _ in range(short_steps):
+        scheduler.get_num_new_matched_tokens(request, 0)
+        steps.step(step_s)
     scheduler.get_num_new_matched_tokens(request, 0)
     scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), 0)
-    steps.step(0.25)
+    steps.step(step_s)
+    steps.step(step_s)
+    return finish(scheduler, request)
 
-    params = finish(scheduler, request)
+
+def test_a_wait_with_nothing_retained_is_not_blamed_on_holdings() -> None:
+    params = finished_after(1, 0.25, retaining=False)  # no blocks: it waits one step
 
     assert params is not None
     assert params["agentkv_waited_for_blocks_seconds"] == 0.25
@@ -356,16 +363,7 @@ def test_a_wait_with_nothing_retained_is_not_blamed_on_holdings() -> None:
 
 
 def test_a_request_admitted_at_once_returns_no_wait() -> None:
-    scheduler = finishing(bare_scheduler())
-    steps = Steps(scheduler, retaining=True)
-    request = local_request()
-    scheduler.on_new_request(request)
-    scheduler.get_num_new_matched_tokens(request, 0)
-    scheduler.update_state_after_alloc(request, allocated([10, 11, 12, 13]), 0)
-    steps.step(2.0)  # a long step, but not a wait for blocks
-    steps.step(2.0)
-
-    params = finish(scheduler, request)
+    params = finished_after(0, 2.0, retaining=True)  # long steps, but no wait for blocks
 
     assert params is not None and "agentkv_waited_for_blocks_seconds" not in params
 
