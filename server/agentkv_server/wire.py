@@ -25,6 +25,7 @@ __all__ = [
     "EXPIRES_IN_SECONDS",
     "EXTRA_DEAD_PEER_SECONDS",
     "EXTRA_DEMOTE_TRANSFER_THREADS",
+    "EXTRA_HOST_TIER_BYTES",
     "EXTRA_IDLE_GRACE_MS",
     "EXTRA_IDLE_MAX_WAIT_MS",
     "EXTRA_IDLE_SLEEP_MS",
@@ -37,6 +38,7 @@ __all__ = [
     "EXTRA_ROUTER_URL",
     "EXTRA_SECRET",
     "HASH_BLOCK_SIZE",
+    "HOST_TIER_TOKENS",
     "KV_BYTES_PER_TOKEN",
     "KV_CACHE_TOKENS",
     "KV_LOAD",
@@ -102,6 +104,10 @@ EXPIRES_AT: Final = "agentkv_expires_at"
 # which the router keeps retained KV within a budget (docs/router.md, "Capacity").
 KV_CACHE_TOKENS: Final = "agentkv_kv_cache_tokens"
 KV_BYTES_PER_TOKEN: Final = "agentkv_kv_bytes_per_token"
+# D -> router, beside the capacity, from an engine with a host tier below its KV cache: the
+# tokens that tier holds. The KV of a holding released for room stays there until newer blocks
+# push it out, and a turn continued on the engine loads it back (docs/router.md, "Capacity").
+HOST_TIER_TOKENS: Final = "agentkv_host_tier_tokens"
 # D -> P (opaque to the router): the held prefix's fingerprint (connector/prefix.py).
 BLOCK_HASHES: Final = "agentkv_block_hashes"
 HASH_BLOCK_SIZE: Final = "agentkv_hash_block_size"
@@ -140,6 +146,8 @@ EXTRA_DEMOTE_TRANSFER_THREADS: Final = "agentkv_demote_transfer_threads"
 EXTRA_IDLE_GRACE_MS: Final = "agentkv_idle_grace_ms"
 EXTRA_IDLE_SLEEP_MS: Final = "agentkv_idle_sleep_ms"
 EXTRA_IDLE_MAX_WAIT_MS: Final = "agentkv_idle_max_wait_ms"
+# The host tier's bytes beside the connector (bundle/launcher.py with_host_tier); 0: none.
+EXTRA_HOST_TIER_BYTES: Final = "agentkv_host_tier_bytes"
 
 # Environment variables. ``AGENTKV_<FIELD>`` sets any router setting; ``__`` reaches into a
 # group: ``AGENTKV_RETENTION__MAX_S``.

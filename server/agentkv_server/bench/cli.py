@@ -195,6 +195,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "holds (default: the preset's; 8192 for pressure, else all of it)",
     )
     where.add_argument(
+        "--host-tier-gib",
+        type=float,
+        metavar="GIB",
+        help="local stack: host memory below the decode engine's KV cache, where holdings "
+        "released for room leave their KV (default: none)",
+    )
+    where.add_argument(
         "--prefill-url", action="extend", nargs="+", default=[], metavar="URL",
         help="running prefill engines (repeatable): bench runs each mode's router in front",
     )  # fmt: skip
@@ -681,9 +688,10 @@ def _deployment(
     # A long-context test model gets more KV cache than asked for (StackConfig).
     kv_cache_gib = max(plan.kv_cache_gib, min_kv_cache_gib(model))
     decode_kv = "" if plan.decode_kv_tokens is None else f", decode {plan.decode_kv_tokens} tokens"
+    host_tier = f", {args.host_tier_gib:g} GiB host tier below D" if args.host_tier_gib else ""
     print(
         f"starting a prefill and a decode engine ({model}, {kv_cache_gib} GiB of KV cache "
-        f"each{decode_kv}); logs in {out_dir}",
+        f"each{decode_kv}{host_tier}); logs in {out_dir}",
         file=sys.stderr,
     )
     engines = local_engines(
@@ -691,6 +699,7 @@ def _deployment(
         out_dir,
         kv_cache_gib=plan.kv_cache_gib,
         decode_kv_tokens=plan.decode_kv_tokens,
+        host_tier_gib=args.host_tier_gib or 0.0,
         aggregated="aggregated" in args.modes,
         router_settings=tuned,
     )

@@ -43,6 +43,7 @@ def local_engines(
     *,
     kv_cache_gib: int = 1,
     decode_kv_tokens: int | None = None,
+    host_tier_gib: float = 0.0,
     timeout_s: float = 600.0,
     aggregated: bool = True,
     router_settings: Mapping[str, Any] | None = None,
@@ -51,7 +52,8 @@ def local_engines(
     ``aggregated`` where D slices prefills; yield the deployment the modes run on and the
     model's directory; stop every engine afterwards. ``decode_kv_tokens``: D's (and the
     aggregated engine's) KV cache in tokens, rounded up to whole blocks (None: all that
-    ``kv_cache_gib`` holds). ``router_settings``: the Settings fields the modes' routers run
+    ``kv_cache_gib`` holds). ``host_tier_gib``: host memory below D's KV cache (StackConfig).
+    ``router_settings``: the Settings fields the modes' routers run
     with, of which D takes its prefill slice."""
     router_settings = dict(router_settings or {})
     (router_port,) = free_ports(1, HOST)
@@ -65,6 +67,7 @@ def local_engines(
         report_port=router_port,
         router_settings=router_settings,
         kv_cache_gib=kv_cache_gib,
+        host_tier_gib=host_tier_gib,
     )
     stack = Stack(config).start(timeout_s)
     own: EngineProcess | None = None

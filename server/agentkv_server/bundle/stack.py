@@ -90,6 +90,9 @@ class StackConfig:
     # Each engine's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE), raised to what the model needs
     # for one full-length sequence (engine_kv_cache_gib).
     kv_cache_gib: int = 1
+    # Host memory below each decode engine's KV cache for the KV of holdings released for room
+    # (launcher.with_host_tier); 0: none.
+    host_tier_gib: float = 0.0
     port_base: int | None = None
 
     def __post_init__(self) -> None:
@@ -266,6 +269,7 @@ class Stack:
                 device=config.device,
                 cores=cores[i],
                 kv_cache_gib=config.engine_kv_cache_gib,
+                host_tier_gib=config.host_tier_gib if role == "decode" else 0.0,
                 engine_args=(
                     (*config.engine_args, *config.prefill_args)
                     if role == "prefill"

@@ -21,9 +21,12 @@ __all__ = ["capacity_params"]
 logger = get_logger(__name__)
 
 
-def capacity_params(kv_cache_config: KVCacheConfig, block_size: int) -> dict[str, Any]:
-    """``agentkv_kv_cache_tokens`` and ``agentkv_kv_bytes_per_token``; none when the config
-    does not say (the router then budgets by its settings, or not at all)."""
+def capacity_params(
+    kv_cache_config: KVCacheConfig, block_size: int, host_tier_bytes: int = 0
+) -> dict[str, Any]:
+    """``agentkv_kv_cache_tokens`` and ``agentkv_kv_bytes_per_token``, and with a host tier of
+    ``host_tier_bytes`` below the cache, ``agentkv_host_tier_tokens``; none when the config does
+    not say (the router then budgets by its settings, or not at all)."""
     try:
         tokens = (int(kv_cache_config.num_blocks) - 1) * block_size  # one is the null block
         per_token = sum(
@@ -40,4 +43,6 @@ def capacity_params(kv_cache_config: KVCacheConfig, block_size: int) -> dict[str
     params: dict[str, Any] = {wire.KV_CACHE_TOKENS: tokens}
     if per_token > 0:
         params[wire.KV_BYTES_PER_TOKEN] = per_token
+        if host_tier_bytes > 0:
+            params[wire.HOST_TIER_TOKENS] = int(host_tier_bytes // per_token)
     return params

@@ -90,7 +90,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._settings = settings
         # The engine's KV size, returned with every holding (the router's budget).
-        self._capacity = capacity_params(kv_cache_config, self.block_size)
+        self._capacity = capacity_params(kv_cache_config, self.block_size, settings.host_tier_bytes)
         # Finished requests whose blocks this engine retains for a later pull.
         self._retained: set[str] = set()
         # Their deadlines (perf_counter), for the frees that are pending.

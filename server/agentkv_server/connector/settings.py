@@ -53,6 +53,7 @@ class ConnectorSettings:
     idle_grace_seconds: float = 0.1
     idle_sleep_seconds: float = 0.005
     idle_max_wait_seconds: float = 30.0
+    host_tier_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,4 +104,5 @@ class ConnectorSettings:
             idle_grace_seconds=float(extra.get(wire.EXTRA_IDLE_GRACE_MS, 100.0)) / 1000,
             idle_sleep_seconds=float(extra.get(wire.EXTRA_IDLE_SLEEP_MS, 5.0)) / 1000,
             idle_max_wait_seconds=float(extra.get(wire.EXTRA_IDLE_MAX_WAIT_MS, 30_000.0)) / 1000,
+            host_tier_bytes=int(extra.get(wire.EXTRA_HOST_TIER_BYTES, 0)),
         )

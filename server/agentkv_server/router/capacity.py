@@ -20,6 +20,13 @@ silent for ``abandon_factor`` times its hinted gap is abandoned: worth nothing, 
 when room is needed, but not released before (with memory to spare, releasing it can only cost
 a recompute: tool gaps are heavy-tailed). Expired ones are gone. The ledger only decides; the
 keeper (holdings.py) takes what it names out of the store and releases it.
+
+On an engine with a host tier below its KV cache (``agentkv_host_tier_tokens``: connector/
+hosttier.py) a holding released to make room leaves its KV there, until newer blocks push it
+out. The ledger remembers such holdings, newest first, as far as the tier's size goes, so that
+the session's next turn continues on that engine and loads its history back instead of
+recomputing it; the tier also stores what other requests compute, so this is an estimate, and a
+turn that finds less there computes the rest on the engine.
 """
 
 from __future__ import annotations
@@ -30,14 +37,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from agentkv_server import wire
 from agentkv_server.router.metrics import EngineKVFigures, RouterMetrics
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CapacitySettings
 
-__all__ = ["CapacityLedger", "EngineKV", "Held", "ReleaseReason", "holding_value"]
+__all__ = ["CapacityLedger", "EngineKV", "Held", "ReleaseReason", "Released", "holding_value"]
 
 ReleaseReason = Literal["pressure", "live_turn", "session_end", "abandoned", "expired"]
 """``pressure``: a new holding did not fit the budget; ``live_turn``: a decode step needed the
@@ -50,6 +57,17 @@ engine freed it itself)."""
 _HINTED, _MEASURED, _UNKNOWN = 1.0, 0.75, 0.5
 # Where an abandoned holding ranks: below every value (which is never negative).
 _ABANDONED = -1.0
+
+
+class Released(NamedTuple):
+    """A session's holding that went to make room, until the session's next turn."""
+
+    tokens: int
+    reason: ReleaseReason
+    in_host_tier: Holding | None = None
+    """The holding, while its KV is likely still in its engine's host tier; else None."""
+
+
 # A turn predicted any moment now still occupies its KV for about a step's time.
 _MIN_WAIT_S = 1.0
 # A decode step's room is reserved from make_room until its KV is recorded as a holding (or its
@@ -122,6 +140,28 @@ class EngineKV:
     steps: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Decode steps sent with a ticket whose KV is not recorded yet, by ticket: the tokens
     (whole blocks) their prompts occupy, and when the reservation is forgotten."""
+    host_tokens: int | None = None
+    """The host tier's size in tokens; None: the engine has none."""
+    spilled: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    """Sessions whose released holding's KV is taken to be in the host tier, oldest first,
+    with its tokens (whole blocks); change it through :meth:`spill`."""
+    spilled_tokens: int = 0
+
+    def spill(self, session_key: str, tokens: int) -> list[str]:
+        """Count a released holding's KV as in the host tier; the sessions (oldest first)
+        whose KV it is taken to push out, the tier's least recently stored blocks."""
+        self.unspill(session_key)
+        self.spilled[session_key] = tokens
+        self.spilled_tokens += tokens
+        pushed_out = []
+        while self.spilled_tokens > (self.host_tokens or 0):
+            key, oldest = self.spilled.popitem(last=False)
+            self.spilled_tokens -= oldest
+            pushed_out.append(key)
+        return pushed_out
+
+    def unspill(self, session_key: str) -> None:
+        self.spilled_tokens -= self.spilled.pop(session_key, 0)
 
     def put(self, session_key: str, entry: Held) -> None:
         self.pop(session_key)
@@ -165,8 +205,8 @@ class CapacityLedger:
         self._where: dict[str, str] = {}  # session key -> decode URL of its holding
         self._gaps: OrderedDict[str, float] = OrderedDict()  # measured, per session
         self._mean_gap_s: float | None = None
-        # Sessions whose holding went to make room: its tokens and why, until their next turn.
-        self._released: OrderedDict[str, tuple[int, ReleaseReason]] = OrderedDict()
+        # Sessions whose holding went to make room, until their next turn.
+        self._released: OrderedDict[str, Released] = OrderedDict()
         self._mean_step_tokens: float | None = None
         self._step_where: dict[str, str] = {}  # ticket -> decode URL of its reserved step
 
@@ -253,25 +293,26 @@ class CapacityLedger:
             self._step_where.pop(step, None)
         return sum(tokens for tokens, _ in engine.steps.values())
 
-    def taken(self, session_key: str, holding: Holding | None) -> ReleaseReason | None:
+    def taken(self, session_key: str, holding: Holding | None) -> Released | None:
         """A turn of the session took its holding (None: it found none); when it found none
-        because the holding went to make room, why it went."""
+        because the holding went to make room, why it went, and whether its KV is in a host
+        tier (else the turn lost that reuse to pressure)."""
         if holding is not None:
             entry = self._pop(session_key)
             if entry is not None:
                 self._learn_gap(session_key, self._clock() - entry.recorded_at)
-        released = self._released.pop(session_key, None)
+        released = self._pop_released(session_key)
         if holding is not None or released is None:
             return None
-        tokens, reason = released
-        self._metrics.record_reuse_lost_to_pressure(tokens)
-        return reason
+        if released.in_host_tier is None:
+            self._metrics.record_reuse_lost_to_pressure(released.tokens)
+        return released
 
     def ended(self, session_key: str) -> None:
         """The session ended: its holding is released (by the keeper) for that reason."""
         if self._pop(session_key) is not None:
             self._metrics.record_kv_release("session_end")
-        self._released.pop(session_key, None)
+        self._pop_released(session_key)
 
     def discard(self, session_key: str, holding: Holding | None = None) -> None:
         """Stop accounting for the session's holding (``holding`` given: only if it is that
@@ -311,10 +352,29 @@ class CapacityLedger:
             entry = engine.held[key]
             self._pop(key)
             why: ReleaseReason = "abandoned" if worth == _ABANDONED else reason
-            _bounded_put(self._released, key, (entry.tokens, why))
+            self._remember_released(engine, entry, why)
             self._metrics.record_kv_release(why)
             victims.append(entry.holding)
         return victims
+
+    def _remember_released(self, engine: EngineKV, entry: Held, why: ReleaseReason) -> None:
+        """Remember why the session's holding went, and, on an engine with a host tier, that
+        its KV is there now (pushing older spilled KV out of the ledger's account)."""
+        key = entry.holding.session_key
+        if engine.host_tokens is None:
+            _bounded_put(self._released, key, Released(entry.tokens, why))
+            return
+        _bounded_put(self._released, key, Released(entry.tokens, why, entry.holding))
+        for pushed_out in engine.spill(key, engine.in_blocks(entry.tokens)):
+            released = self._released.get(pushed_out)
+            if released is not None:
+                self._released[pushed_out] = released._replace(in_host_tier=None)
+
+    def _pop_released(self, session_key: str) -> Released | None:
+        released = self._released.pop(session_key, None)
+        if released is not None and released.in_host_tier is not None:
+            self.engine(released.in_host_tier.decode_url).unspill(session_key)
+        return released
 
     def _worth(self, entry: Held, now: float, s_per_token: float, per_token: float) -> float:
         """A holding's value, or below any value for an abandoned one."""
@@ -354,6 +414,9 @@ def _learn(engine: EngineKV, params: Mapping[str, Any]) -> None:
     block_size = params.get(wire.HASH_BLOCK_SIZE)
     if isinstance(block_size, int) and block_size > 0 and not engine.held:
         engine.block_size = block_size
+    host = params.get(wire.HOST_TIER_TOKENS)
+    if isinstance(host, int) and not isinstance(host, bool) and host > 0:
+        engine.host_tokens = host
 
 
 def _bounded_put(items: OrderedDict[str, Any], key: str, value: Any) -> None:

@@ -40,6 +40,9 @@ class Taken(NamedTuple):
     released: ReleaseReason | None = None
     """Found none because it went to make room: why (``pressure``, ``live_turn``,
     ``abandoned``); None otherwise."""
+    in_host_tier: Holding | None = None
+    """That released holding, when its KV is likely in its engine's host tier (capacity.py):
+    the turn can continue there and load it back."""
 
 
 logger = logging.getLogger(__name__)
@@ -94,7 +97,9 @@ class HoldingKeeper:
         """The session's holding for this turn; a concurrent turn of the session gets none."""
         holding = await self._store.take(session_key)
         released = self._ledger.taken(session_key, holding) if self._ledger is not None else None
-        return Taken(holding, released)
+        if released is None:
+            return Taken(holding)
+        return Taken(holding, released.reason, released.in_host_tier)
 
     async def issue(
         self,

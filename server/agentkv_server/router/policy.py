@@ -33,6 +33,7 @@ from agentkv_server.settings import (
 )
 
 __all__ = [
+    "HOST_TIER",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -45,6 +46,9 @@ __all__ = [
     "UpstreamPolicy",
     "make_policy",
 ]
+
+HOST_TIER = "host_tier"
+"""The reason of a local turn whose history comes back from its engine's host tier."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,10 @@ class ReusePolicy(Protocol):
 
     def decide(self, holding: Holding, now: float, load: TurnLoad | None = None) -> Decision:
         """``load`` None: the new part is unknown, so the turn cannot go ``local``."""
+
+    def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
+        """A turn whose holding of ``held_tokens`` went to make room, its KV now in the holder's
+        host tier: ``local`` (the holder loads it back) or ``recompute``; never a pull."""
 
     def retention_s(self, hints: TurnHints) -> float:
         """Seconds the decode engine should keep this turn's KV after it finishes."""
@@ -267,6 +275,22 @@ class CostModelPolicy:
             return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
         return Decision(KVPath.PULL, refused or "pull_cheaper")
 
+    def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
+        """Local when predicted faster than recomputing the whole history on P. Loading the
+        history back is a memory copy (host to device on a GPU), left out of the estimate:
+        4 ms for 1,280 tokens of the tiny model on the CPU stack (docs/router.md, "Capacity")."""
+        if not self._local_settings.enabled:
+            return Decision(KVPath.RECOMPUTE, "local_disabled")
+        local = self.predicted_local(load)
+        refused = self._local_refusal(load, local)
+        recompute_s = self._prefill.line()[0] + self.predicted_recompute_s(
+            held_tokens + load.new_tokens
+        )
+        on_prefill_s = recompute_s + load.prefill_wait_s + self.handoff_s
+        if refused is None and local.seconds <= on_prefill_s:
+            return Decision(KVPath.LOCAL, HOST_TIER, local.added_itl_s)
+        return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
+
     def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""
         limits = self._local_settings
@@ -336,6 +360,12 @@ class AlwaysPolicy(CostModelPolicy):
 
 class _FixedPolicy:
     """A policy that learns nothing from the turns it sees."""
+
+    name: PolicyName
+
+    def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
+        """Never reached: these policies release nothing for room (``manages_capacity``)."""
+        return Decision(KVPath.RECOMPUTE, "disabled")
 
     def observe(self, sample: PrefillSample) -> None:
         return None

@@ -110,6 +110,7 @@ class StubEngine:
     # The KV size its params report, as agentkv's connector does (None: reports none).
     kv_capacity_tokens: int | None = None
     kv_bytes_per_token: float | None = None
+    host_tier_tokens: int | None = None  # a host tier below its KV cache, this many tokens
     requests: list[RecordedRequest] = field(default_factory=list)
     retained: dict[str, Retained] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -346,6 +347,8 @@ class StubEngine:
             capacity[wire.KV_CACHE_TOKENS] = self.kv_capacity_tokens
         if self.kv_bytes_per_token is not None:
             capacity[wire.KV_BYTES_PER_TOKEN] = self.kv_bytes_per_token
+        if self.host_tier_tokens is not None:
+            capacity[wire.HOST_TIER_TOKENS] = self.host_tier_tokens
         return capacity
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:

@@ -14,6 +14,7 @@ import pytest
 
 from agentkv_server.bundle import cli as serve_cli
 from agentkv_server.cli import build_parser, main
+from agentkv_server.errors import ConfigError
 from agentkv_server.testing.conditions import wait_healthy
 
 
@@ -40,6 +41,14 @@ def test_serve_passes_engine_arguments_through_in_order() -> None:
     config = serve_cli.stack_config(args)
     assert config.engine_args == ("--max-model-len=8192", "--gpu-memory-utilization=0.8")
     assert (config.model, config.device) == ("/models/llama", "cuda")
+
+
+def test_serve_gives_decode_engines_a_host_tier_when_asked() -> None:
+    assert serve_cli.stack_config(serve_args("--device=cpu")).host_tier_gib == 0.0
+    config = serve_cli.stack_config(serve_args("--device=cpu", "--host-tier-gib", "2"))
+    assert config.host_tier_gib == 2.0
+    with pytest.raises(ConfigError, match="--host-tier-gib"):
+        serve_cli.stack_config(serve_args("--device=cpu", "--host-tier-gib", "-1"))
 
 
 def test_serve_hands_router_options_to_the_router_and_keeps_the_secret_out_of_them() -> None:

@@ -55,6 +55,42 @@ def test_command_runs_the_api_server_module_with_the_agentkv_connector() -> None
     assert "--enforce-eager" in command
 
 
+def test_a_host_tier_puts_vllms_offloading_connector_beside_agentkvs() -> None:
+    transfer = json.loads(flag(spec(host_tier_gib=0.5).command(), "--kv-transfer-config"))
+    assert (transfer["kv_connector"], transfer["engine_id"]) == ("MultiConnector", "decode-8200")
+    first, offload = transfer["kv_connector_extra_config"]["connectors"]
+    # AgentKV's first, so that a P/D step's prompt is its to load; vLLM gives it the engine id.
+    assert first["kv_connector"] == "AgentKVConnector" and "engine_id" not in first
+    assert first["kv_connector_extra_config"]["agentkv_host_tier_bytes"] == 1 << 29
+    assert offload["kv_connector"] == "OffloadingConnector"
+    assert offload["kv_connector_extra_config"] == {
+        "spec_name": "HostTierSpec",
+        "spec_module_path": "agentkv_server.connector.hosttier",
+        "cpu_bytes_to_use": 1 << 29,
+        "offload_prompt_only": False,
+    }
+    # On a GPU, vLLM's own spec (the default) copies between device and host.
+    gpu = json.loads(flag(spec(host_tier_gib=0.5, device="cuda").command(), "--kv-transfer-config"))
+    tier = gpu["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]
+    assert "spec_name" not in tier and tier["cpu_bytes_to_use"] == 1 << 29
+
+
+def test_the_vllm_plugin_names_the_connector_for_multiconnector() -> None:
+    from importlib.metadata import entry_points
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from agentkv_server.connector import AgentKVConnector
+
+    (plugin,) = [
+        e for e in entry_points(group="vllm.general_plugins") if e.name == "agentkv_connector"
+    ]
+    register = plugin.load()
+    register()
+    register()  # every vLLM process may load plugins more than once
+    assert KVConnectorFactory.get_connector_class_by_name("AgentKVConnector") is AgentKVConnector
+
+
 def test_upstream_connector_needs_no_module_path() -> None:
     transfer = json.loads(flag(spec(connector=NIXL_CONNECTOR).command(), "--kv-transfer-config"))
     assert transfer["kv_connector"] == "NixlConnector"

@@ -94,6 +94,12 @@ def test_plan_gives_each_engine_its_own_ports_cores_and_log(tmp_path: Path) -> N
         }
 
 
+def test_only_decode_engines_get_the_host_tier(tmp_path: Path) -> None:
+    config = StackConfig(model=str(tmp_path), router=False, host_tier_gib=2.0, log_dir=tmp_path)
+    tiers = {spec.role: spec.host_tier_gib for spec in Stack(config).plan()}
+    assert tiers == {"prefill": 0.0, "decode": 2.0}
+
+
 def test_plan_without_router_reports_nowhere_and_gpu_binds_no_cores(tmp_path: Path) -> None:
     config = StackConfig(model=str(tmp_path), router=False, device="cuda", log_dir=tmp_path)
     specs = Stack(config).plan()

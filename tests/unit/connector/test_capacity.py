@@ -29,6 +29,12 @@ def test_capacity_is_the_cache_in_tokens_and_bytes_per_token():
     }
 
 
+def test_a_host_tier_is_reported_in_tokens_of_this_engines_kv():
+    params = capacity_params(smollm_cache(1456), BLOCK, host_tier_bytes=46_080 * 10_000)
+    assert params["agentkv_host_tier_tokens"] == 10_000
+    assert ConnectorSettings.from_extra_config({"agentkv_host_tier_bytes": 5}).host_tier_bytes == 5
+
+
 def test_a_config_without_sizes_reports_nothing():
     assert capacity_params(SimpleNamespace(num_blocks=None, kv_cache_groups=[]), BLOCK) == {}
     assert capacity_params(SimpleNamespace(num_blocks=1, kv_cache_groups=[]), BLOCK) == {}

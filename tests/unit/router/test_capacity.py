@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentkv_server.router.capacity import CapacityLedger, Held, holding_value
+from agentkv_server.router.capacity import CapacityLedger, Held, Released, holding_value
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.resilient_store import ResilientStore
@@ -351,12 +351,47 @@ def test_a_turn_that_finds_its_holding_gone_for_pressure_counts_as_lost_reuse():
     ledger.add(holding("far", 3000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 3000, clock), next_turn_s=2.0)  # "far" goes
 
-    assert ledger.taken("far", None) == "pressure"  # the turn's plan says so
+    assert ledger.taken("far", None) == Released(3000, "pressure")  # the turn's plan says so
     assert ledger.taken("far", None) is None  # counted once
 
     sample = metrics.registry.get_sample_value
     assert sample("agentkv_reuse_lost_to_pressure_total", {}) == 1
     assert sample("agentkv_reuse_lost_to_pressure_tokens_total", {}) == 3000
+
+
+# -- a host tier below the engine's KV cache keeps what was released for room ----------------------
+
+
+def host_tier_holding(session: str, tokens: int, clock: Clock, host_tokens: int) -> Holding:
+    params = {"remote_request_id": f"req-{session}", "agentkv_host_tier_tokens": host_tokens}
+    return Holding(session, URL, "m", {**params, **CAPACITY}, tokens, clock.now + 600, clock.now)
+
+
+def test_a_holding_released_for_room_on_an_engine_with_a_host_tier_is_found_there():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    far = host_tier_holding("far", 3000, clock, host_tokens=50_000)
+    ledger.add(far, next_turn_s=300.0)
+    ledger.add(host_tier_holding("soon", 3000, clock, 50_000), next_turn_s=2.0)  # "far" goes
+
+    assert ledger.taken("far", None) == Released(3000, "pressure", far)
+    sample = metrics.registry.get_sample_value
+    assert sample("agentkv_reuse_lost_to_pressure_total", {}) == 0  # not lost: in the tier
+    assert ledger.engine(URL).spilled_tokens == 0  # the turn took it
+
+
+def test_the_host_tier_keeps_the_newest_released_kv_that_fits_it():
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    # Two holdings of 3,000 tokens go for room, one after the other, into a tier of 4,000.
+    for name, next_turn_s in [("a", 300.0), ("b", 2.0), ("c", 1.0)]:
+        ledger.add(host_tier_holding(name, 3000, clock, host_tokens=4000), next_turn_s)
+        clock.now += 1.0
+
+    first, second = ledger.taken("a", None), ledger.taken("b", None)
+    assert first is not None and first.in_host_tier is None  # pushed out by "b"
+    assert second is not None and second.in_host_tier is not None
+    assert metrics.registry.get_sample_value("agentkv_reuse_lost_to_pressure_total", {}) == 1
 
 
 # -- the keeper takes what the ledger names out of the store before releasing it -----------------
@@ -459,6 +494,31 @@ async def test_the_router_releases_the_far_off_session_when_the_decode_engine_is
     assert again.headers["x-agentkv-kv-path"] == "recompute"
     assert 'desc="released_pressure"' in again.headers["server-timing"]
     assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
+
+
+async def test_a_turn_whose_holding_went_to_the_host_tier_continues_on_its_engine(make_router):
+    router = await make_router(capacity=WORKED_OUT, local={"enabled": True})
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000  # as above: "far" goes when "c" comes
+    decode.host_tier_tokens = 10_000
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0))
+    (far_id,) = decode.retained
+    for session, next_s in (("a", 2.0), ("b", 3.0), ("c", 4.0)):
+        await router.chat(conversation(1, 300), session=session, headers=hints(next_s))
+    await router.state.keeper.drain()
+    assert far_id in decode.released
+
+    prefill_steps = len(router.prefill[0].requests)
+    again = await router.chat(conversation(2, 300), session="far", headers=hints(300.0))
+    await router.state.keeper.drain()
+
+    assert again.headers["x-agentkv-kv-path"] == "local"
+    assert 'desc="host_tier"' in again.headers["server-timing"]
+    assert len(router.prefill[0].requests) == prefill_steps  # no P step
+    assert decode.released.count(far_id) == 1  # released once, for room; never again
+    assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 0
+    decided = 'agentkv_path_decisions_total{path="local",reason="host_tier"}'
+    assert await router.metric(decided) == 1
 
 
 async def test_upstream_at_its_best_keeps_every_holding_as_vllms_proxy_would(make_router):

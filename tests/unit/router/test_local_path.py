@@ -53,6 +53,17 @@ def test_short_follow_up_continues_on_the_holder():
     assert not decision.reuse  # no prefill engine pulls
 
 
+def test_history_in_the_host_tier_continues_on_its_engine_within_the_local_limits():
+    policy = cost_model(max_new_tokens=512)
+    decision = policy.decide_from_host_tier(3000, idle(150))
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "host_tier")
+    # Never a pull: the tier is not the engine's KV cache, which is all NIXL reads.
+    decision = policy.decide_from_host_tier(3000, idle(513))
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "new_part_too_long")
+    decision = cost_model(enabled=False).decide_from_host_tier(3000, idle(150))
+    assert decision.path is KVPath.RECOMPUTE
+
+
 def test_new_part_over_the_limit_goes_to_a_prefill_engine():
     policy = cost_model(max_new_tokens=512)
     assert policy.decide(held(3000), NOW, idle(512)).path is KVPath.LOCAL

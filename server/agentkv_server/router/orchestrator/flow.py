@@ -79,7 +79,7 @@ class Orchestrator:
             if isinstance(prefilled, Refused):  # only a cold step's refusal is passed back
                 return _passthrough(turn, prefilled.failure)
         finally:
-            if plan.holding is not None and not (turn.pulls and prefill.pulling):
+            if plan.occupies_holder and not (turn.pulls and prefill.pulling):
                 # Not pulled, so it still occupies the holder: free it.
                 self._services.keeper.release_soon([plan.holding])
             turn.phases["prefill"] = time.monotonic() - began
@@ -99,8 +99,9 @@ class Orchestrator:
                 "local turn on %s failed (%s): recomputing", plan.holder.url, failure.kind
             )
             return None
-        # The new request holds the history's blocks now (prefix hit): the old lease can go.
-        self._services.keeper.release_soon([plan.holding])
+        if plan.occupies_holder:
+            # The new request holds the history's blocks now (prefix hit): the old lease can go.
+            self._services.keeper.release_soon([plan.holding])
         return _answer(turn, served)
 
     async def _decode_step(

@@ -5,6 +5,10 @@ the holder counts the prompt's new tokens (tokens.py) and the policy chooses ``l
 recompute. Local turns and pulls are planned only on a holder that is not known lost since the
 holding was made and that answers now (watchdog.py): a pull from a holder that cannot answer
 would leave P waiting on it, so the turn falls back to recomputing at once.
+
+A holding released to make room on an engine with a host tier (capacity.py) left its KV there:
+the turn may continue on that engine, which loads the history back, or recompute; never pull
+it (NIXL reads the engine's KV cache, not the tier).
 """
 
 from __future__ import annotations
@@ -48,10 +52,19 @@ class Plan(NamedTuple):
     added_itl_s: float | None = None
     """For ``local``: the delay predicted per decode step of the holder's running sequences."""
     reason: str | None = None
-    """Why this path: the policy's reason; ``released_pressure``, ``released_live_turn`` or
+    """Why this path: the policy's reason (``host_tier`` for a local turn that loads its
+    history from the holder's host tier); ``released_pressure``, ``released_live_turn`` or
     ``released_abandoned`` (the session's holding went to make room), ``none_held`` (it had
     none, or it expired) or ``holder_silent`` (its holder did not answer); None without a
     session."""
+    from_host_tier: bool = False
+    """``holding`` was released to make room: its KV is in the holder's host tier, and its
+    blocks are no longer the holder's to free."""
+
+    @property
+    def occupies_holder(self) -> bool:
+        """Whether the holding still occupies its holder's KV cache (a release frees it)."""
+        return self.holding is not None and not self.from_host_tier
 
     @property
     def holder_url(self) -> str | None:
@@ -80,21 +93,18 @@ class Planner:
         if key is None:
             return _NO_SESSION
         retention_s = services.policy.retention_s(request.hints)
-        holding, released = await services.keeper.take(key)
+        holding, released, in_host_tier = await services.keeper.take(key)
         if holding is None:
-            reason = NONE_HELD if released is None else f"released_{released}"
-            return Plan(retention_s, reason=reason)
-        holder = services.decode.get(holding.decode_url)
-        if holder is not None and not holder.may_serve_holding(holding.issued_at):
-            holder = None
+            lost = NONE_HELD if released is None else f"released_{released}"
+            if in_host_tier is not None:
+                return await self._plan_from_host_tier(request, retention_s, in_host_tier, lost)
+            return Plan(retention_s, reason=lost)
+        holder = self._holder_of(holding)
         prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
         running = holder.inflight if holder is not None else 0
         load = None
         if holder is not None and prompt_tokens is not None:
-            new_tokens = max(prompt_tokens - holding.num_tokens, 0)
-            waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
-            added_s = holder.steps.added_s(prompt_tokens + holder.steps.prefilling_tokens)
-            load = TurnLoad(new_tokens, running, added_s, min(waits, default=0.0))
+            load = self._load(holding, holder, prompt_tokens)
         decision = services.policy.decide(holding, time.time(), load)
         services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
         logger.debug(
@@ -121,6 +131,44 @@ class Planner:
             retention_s, decision.path, holding, holder, prompt_tokens, running,
             decision.added_itl_s, decision.reason,
         )  # fmt: skip
+
+    async def _plan_from_host_tier(
+        self, request: ClientRequest, retention_s: float, holding: Holding, lost: str
+    ) -> Plan:
+        """Continue on the engine whose host tier has the released holding's KV, when the
+        policy finds that faster than recomputing on P and the engine answers; else recompute,
+        for the reason the holding went (``lost``)."""
+        services = self._services
+        holder = self._holder_of(holding)
+        prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
+        if holder is None or prompt_tokens is None:
+            return Plan(retention_s, reason=lost)
+        decision = services.policy.decide_from_host_tier(
+            holding.num_tokens, self._load(holding, holder, prompt_tokens)
+        )
+        services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
+        if decision.path is not KVPath.LOCAL or not await self._answers(holder):
+            return Plan(retention_s, reason=lost)
+        return Plan(
+            retention_s, KVPath.LOCAL, holding, holder, prompt_tokens, holder.inflight,
+            decision.added_itl_s, decision.reason, from_host_tier=True,
+        )  # fmt: skip
+
+    def _holder_of(self, holding: Holding) -> Engine | None:
+        """The holding's decode engine, unless it is unknown or lost since the holding was
+        made (its KV, and its host tier's, are gone)."""
+        holder = self._services.decode.get(holding.decode_url)
+        if holder is not None and not holder.may_serve_holding(holding.issued_at):
+            return None
+        return holder
+
+    def _load(self, holding: Holding, holder: Engine, prompt_tokens: int) -> TurnLoad:
+        """What the local path's choice needs beyond the holding (policy.TurnLoad)."""
+        services = self._services
+        new_tokens = max(prompt_tokens - holding.num_tokens, 0)
+        waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
+        added_s = holder.steps.added_s(prompt_tokens + holder.steps.prefilling_tokens)
+        return TurnLoad(new_tokens, holder.inflight, added_s, min(waits, default=0.0))
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
         """The prompt's tokens on the holder, for the local path's choice; None when the policy
