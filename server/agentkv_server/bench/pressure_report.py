@@ -14,7 +14,7 @@ from agentkv_server.bench.clairvoyant import Clairvoyance, best_reuse, trace_of
 from agentkv_server.bench.records import BenchResult, PressureWindow, TurnRecord
 from agentkv_server.bench.report import _COLORS, JSON_NAME, MARKDOWN_NAME, _figure, _legend
 from agentkv_server.bench.stats import percentile
-from agentkv_server.router.policy import HOST_TIER
+from agentkv_server.router.policy import HOST_TIER, HOST_TIER_OVER_BUDGET
 
 __all__ = [
     "MEASURES",
@@ -103,7 +103,10 @@ def _row(result: BenchResult, mode: str, sessions: int) -> PressureRow:
         failed=sum(not r.ok for r in records),
         followups=len(followups),
         reused=sum(reused_history(r) for r in followups),
-        from_host_tier=sum(reused_history(r) and r.kv_reason == HOST_TIER for r in followups),
+        from_host_tier=sum(
+            reused_history(r) and r.kv_reason in (HOST_TIER, HOST_TIER_OVER_BUDGET)
+            for r in followups
+        ),
         clairvoyant_followups=best.followups if best else 0,
         clairvoyant_reused=best.reused if best else 0,
         ttft_p50_s=percentile(ttfts, 50) if ttfts else None,

@@ -34,6 +34,7 @@ from agentkv_server.settings import (
 
 __all__ = [
     "HOST_TIER",
+    "HOST_TIER_OVER_BUDGET",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -49,6 +50,9 @@ __all__ = [
 
 HOST_TIER = "host_tier"
 """The reason of a local turn whose history comes back from its engine's host tier."""
+HOST_TIER_OVER_BUDGET = "host_tier_over_budget"
+"""The same, over the stall budget: it saves more seconds than it adds to the holder's
+sequences together (``CostModelPolicy.decide_from_host_tier``)."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,14 @@ class CostModelPolicy:
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
         """Local when predicted faster than recomputing the whole history on P. Loading the
         history back is a memory copy (host to device on a GPU), left out of the estimate:
-        4 ms for 1,280 tokens of the tiny model on the CPU stack (docs/router.md, "Capacity")."""
+        4 ms for 1,280 tokens of the tiny model on the CPU stack (docs/router.md, "Capacity").
+
+        The stall budget weighs differently here: a follow-up with a holding that it refuses
+        pulls (P computes the new part only), but this one would recompute its whole history
+        on P, behind whatever P has queued. Over the budget it still goes local when the
+        seconds it saves exceed the seconds its slices add to the holder's running sequences
+        together; measured on the pressure preset, refusals sent such turns to 7-12 s
+        recomputes (docs/benchmarks.md)."""
         if not self._local_settings.enabled:
             return Decision(KVPath.RECOMPUTE, "local_disabled")
         local = self.predicted_local(load)
@@ -286,10 +297,15 @@ class CostModelPolicy:
         recompute_s = self._prefill.line()[0] + self.predicted_recompute_s(
             held_tokens + load.new_tokens
         )
-        on_prefill_s = recompute_s + load.prefill_wait_s + self.handoff_s
-        if refused is None and local.seconds <= on_prefill_s:
+        saved_s = recompute_s + load.prefill_wait_s + self.handoff_s - local.seconds
+        if saved_s < 0:
+            return Decision(KVPath.RECOMPUTE, "recompute_cheaper")
+        if refused is None:
             return Decision(KVPath.LOCAL, HOST_TIER, local.added_itl_s)
-        return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
+        others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
+        if refused == "stall_over_budget" and saved_s > others_s:
+            return Decision(KVPath.LOCAL, HOST_TIER_OVER_BUDGET, local.added_itl_s)
+        return Decision(KVPath.RECOMPUTE, refused)
 
     def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""

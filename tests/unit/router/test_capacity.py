@@ -521,6 +521,21 @@ async def test_a_turn_whose_holding_went_to_the_host_tier_continues_on_its_engin
     assert await router.metric(decided) == 1
 
 
+async def test_a_turn_the_policy_keeps_off_the_host_tier_says_why_and_recomputes(make_router):
+    router = await make_router(capacity=WORKED_OUT, local={"enabled": True, "max_new_tokens": 0})
+    decode = router.decode[0]
+    decode.kv_capacity_tokens, decode.host_tier_tokens = 2000, 10_000
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0))
+    for session, next_s in (("a", 2.0), ("b", 3.0), ("c", 4.0)):
+        await router.chat(conversation(1, 300), session=session, headers=hints(next_s))
+    await router.state.keeper.drain()
+
+    again = await router.chat(conversation(2, 300), session="far", headers=hints(300.0))
+
+    assert again.headers["x-agentkv-kv-path"] == "recompute"
+    assert 'desc="new_part_too_long"' in again.headers["server-timing"]
+
+
 async def test_upstream_at_its_best_keeps_every_holding_as_vllms_proxy_would(make_router):
     """vLLM's proxy knows nothing of capacity: its engines keep every turn 480 s. Found on the
     pressure preset, where upstream-best's holdings went through agentkv's ledger and were

@@ -64,6 +64,22 @@ def test_history_in_the_host_tier_continues_on_its_engine_within_the_local_limit
     assert decision.path is KVPath.RECOMPUTE
 
 
+def test_over_the_stall_budget_history_in_the_host_tier_weighs_its_recompute_against_the_stall():
+    """Refused, such a turn recomputes its whole history on P (no pull): it goes local when
+    that saves more seconds than its slices add to the holder's sequences together."""
+    policy = cost_model()  # 3,000 tokens recompute in 1.5 s; each slice adds 0.3 s here
+
+    def stalling(running: int, prefill_wait_s: float = 0.0) -> TurnLoad:
+        return TurnLoad(150, running, holder_added_s=0.3, prefill_wait_s=prefill_wait_s)
+
+    decision = policy.decide_from_host_tier(3000, stalling(running=2))  # 0.6 s against ~1.2 s
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "host_tier_over_budget")
+    decision = policy.decide_from_host_tier(3000, stalling(running=10))  # 3 s against ~1.2 s
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "stall_over_budget")
+    decision = policy.decide_from_host_tier(3000, stalling(running=10, prefill_wait_s=5.0))
+    assert decision.path is KVPath.LOCAL  # P's queue makes the recompute the costlier
+
+
 def test_new_part_over_the_limit_goes_to_a_prefill_engine():
     policy = cost_model(max_new_tokens=512)
     assert policy.decide(held(3000), NOW, idle(512)).path is KVPath.LOCAL

@@ -136,8 +136,9 @@ class Planner:
         self, request: ClientRequest, retention_s: float, holding: Holding, lost: str
     ) -> Plan:
         """Continue on the engine whose host tier has the released holding's KV, when the
-        policy finds that faster than recomputing on P and the engine answers; else recompute,
-        for the reason the holding went (``lost``)."""
+        policy finds that faster than recomputing on P and the engine answers. Else recompute:
+        for the reason the holding went (``lost``) when the engine is gone or cannot count the
+        prompt, for the policy's reason when it refused, ``holder_silent`` when it is silent."""
         services = self._services
         holder = self._holder_of(holding)
         prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
@@ -147,8 +148,10 @@ class Planner:
             holding.num_tokens, self._load(holding, holder, prompt_tokens)
         )
         services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
-        if decision.path is not KVPath.LOCAL or not await self._answers(holder):
-            return Plan(retention_s, reason=lost)
+        if decision.path is not KVPath.LOCAL:
+            return Plan(retention_s, reason=decision.reason)
+        if not await self._answers(holder):
+            return Plan(retention_s, reason=HOLDER_SILENT)
         return Plan(
             retention_s, KVPath.LOCAL, holding, holder, prompt_tokens, holder.inflight,
             decision.added_itl_s, decision.reason, from_host_tier=True,
