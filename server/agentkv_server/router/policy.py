@@ -377,8 +377,6 @@ class AlwaysPolicy(CostModelPolicy):
 class _FixedPolicy:
     """A policy that learns nothing from the turns it sees."""
 
-    name: PolicyName
-
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
         """Never reached: these policies release nothing for room (``manages_capacity``)."""
         return Decision(KVPath.RECOMPUTE, "disabled")

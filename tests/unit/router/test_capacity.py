@@ -534,6 +534,7 @@ async def test_a_turn_the_policy_keeps_off_the_host_tier_says_why_and_recomputes
 
     assert again.headers["x-agentkv-kv-path"] == "recompute"
     assert 'desc="new_part_too_long"' in again.headers["server-timing"]
+    assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
 
 
 async def test_upstream_at_its_best_keeps_every_holding_as_vllms_proxy_would(make_router):

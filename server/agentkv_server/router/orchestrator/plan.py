@@ -143,19 +143,25 @@ class Planner:
         holder = self._holder_of(holding)
         prompt_tokens = await self._count_prompt(request, holder) if holder is not None else None
         if holder is None or prompt_tokens is None:
-            return Plan(retention_s, reason=lost)
+            return self._tier_unused(retention_s, holding, lost)
         decision = services.policy.decide_from_host_tier(
             holding.num_tokens, self._load(holding, holder, prompt_tokens)
         )
         services.metrics.record_decision(decision.path, decision.reason, decision.added_itl_s)
         if decision.path is not KVPath.LOCAL:
-            return Plan(retention_s, reason=decision.reason)
+            return self._tier_unused(retention_s, holding, decision.reason)
         if not await self._answers(holder):
-            return Plan(retention_s, reason=HOLDER_SILENT)
+            return self._tier_unused(retention_s, holding, HOLDER_SILENT)
         return Plan(
             retention_s, KVPath.LOCAL, holding, holder, prompt_tokens, holder.inflight,
             decision.added_itl_s, decision.reason, from_host_tier=True,
         )  # fmt: skip
+
+    def _tier_unused(self, retention_s: float, holding: Holding, reason: str) -> Plan:
+        """A recompute after all: the reuse the host tier kept is lost to pressure (the ledger
+        counts the holdings released without a tier to keep them)."""
+        self._services.metrics.record_reuse_lost_to_pressure(holding.num_tokens)
+        return Plan(retention_s, reason=reason)
 
     def _holder_of(self, holding: Holding) -> Engine | None:
         """The holding's decode engine, unless it is unknown or lost since the holding was
