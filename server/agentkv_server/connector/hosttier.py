@@ -46,9 +46,6 @@ class HostTierSpec(CPUOffloadingSpec):
             self._worker = HostTierWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
         return self._worker
 
-    def _uses_shared_region(self) -> bool:
-        return False
-
 
 class HostTierWorker(OffloadingWorker):
     """Copies whole blocks between the engine's KV cache and a host pool, synchronously.

@@ -57,17 +57,6 @@ engine freed it itself)."""
 _HINTED, _MEASURED, _UNKNOWN = 1.0, 0.75, 0.5
 # Where an abandoned holding ranks: below every value (which is never negative).
 _ABANDONED = -1.0
-
-
-class Released(NamedTuple):
-    """A session's holding that went to make room, until the session's next turn."""
-
-    tokens: int
-    reason: ReleaseReason
-    in_host_tier: Holding | None = None
-    """The holding, while its KV is likely still in its engine's host tier; else None."""
-
-
 # A turn predicted any moment now still occupies its KV for about a step's time.
 _MIN_WAIT_S = 1.0
 # A decode step's room is reserved from make_room until its KV is recorded as a holding (or its
@@ -78,6 +67,15 @@ _STEP_TTL_S = 120.0
 # how many sessions' gaps (and pressure releases) are remembered.
 _EWMA_ALPHA = 0.2
 _MAX_REMEMBERED = 65_536
+
+
+class Released(NamedTuple):
+    """A session's holding that went to make room, until the session's next turn."""
+
+    tokens: int
+    reason: ReleaseReason
+    in_host_tier: Holding | None = None
+    """The holding, while its KV is likely still in its engine's host tier; else None."""
 
 
 @dataclass(frozen=True)
