@@ -138,6 +138,9 @@ class EngineKV:
     steps: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Decode steps sent with a ticket whose KV is not recorded yet, by ticket: the tokens
     (whole blocks) their prompts occupy, and when the reservation is forgotten."""
+    reads: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Holdings taken for a pull, by session key, in the same form: their blocks stay on the
+    engine until the prefill engine has read them, which can wait behind its queue."""
     host_tokens: int | None = None
     """The host tier's size in tokens; None: the engine has none."""
     spilled: OrderedDict[str, int] = field(default_factory=OrderedDict)
@@ -283,13 +286,30 @@ class CapacityLedger:
         if url is not None:
             self._engines[url].steps.pop(step, None)
 
+    def pull_started(self, holding: Holding) -> None:
+        """A turn took ``holding`` to pull it: its blocks count against the engine's room
+        until :meth:`pull_ended`. A pull queued behind cold prompts on a busy prefill engine
+        kept them there for seconds while decode steps waited for blocks
+        (docs/benchmarks.md, "A tier below decode memory")."""
+        engine = self.engine(holding.decode_url)
+        tokens = engine.in_blocks(holding.num_tokens)
+        engine.reads[holding.session_key] = (tokens, self._clock() + _STEP_TTL_S)
+
+    def pull_ended(self, holding: Holding) -> None:
+        """The prefill engine read the holding, or gave up and it was released."""
+        self.engine(holding.decode_url).reads.pop(holding.session_key, None)
+
     def _reserved_tokens(self, engine: EngineKV) -> int:
-        """The tokens of the engine's reserved steps, forgetting those past their time."""
+        """The tokens of the engine's reserved steps and reads, forgetting those past their
+        time."""
         now = self._clock()
         for step in [step for step, (_, until) in engine.steps.items() if until <= now]:
             del engine.steps[step]
             self._step_where.pop(step, None)
-        return sum(tokens for tokens, _ in engine.steps.values())
+        for key in [key for key, (_, until) in engine.reads.items() if until <= now]:
+            del engine.reads[key]
+        reserved = (*engine.steps.values(), *engine.reads.values())
+        return sum(tokens for tokens, _ in reserved)
 
     def taken(self, session_key: str, holding: Holding | None) -> Released | None:
         """A turn of the session took its holding (None: it found none); when it found none

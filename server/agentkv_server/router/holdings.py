@@ -101,6 +101,16 @@ class HoldingKeeper:
             return Taken(holding)
         return Taken(holding, released.reason, released.in_host_tier)
 
+    def pull_started(self, holding: Holding) -> None:
+        """A turn pulls ``holding``: its blocks stay on the engine until read (capacity.py)."""
+        if self._ledger is not None:
+            self._ledger.pull_started(holding)
+
+    def pull_ended(self, holding: Holding) -> None:
+        """The pull's prefill step ended: the holding was read, or is being released."""
+        if self._ledger is not None:
+            self._ledger.pull_ended(holding)
+
     async def issue(
         self,
         session_key: str,

@@ -5,8 +5,9 @@ router measures on its own steps (exponentially weighted line fits): continuing 
 holder (``local``: the holder prefills only the turn's new tokens), pulling the held tokens to a
 prefill engine, or recomputing them there. Both sides of a busy holder are priced: ``local``
 must keep the inter-token delay it adds to the holder's other sequences within a budget
-(settings.LocalPathSettings), and a pull's time is learned apart for busy holders, whose reads
-wait for their decode steps. Holdings that would expire first are not used. It asks decode
+(settings.LocalPathSettings) unless it saves the turn more seconds than it adds to them
+together, and a pull's time is learned apart for busy holders, whose reads wait for their
+decode steps. Holdings that would expire first are not used. It asks decode
 engines to retain KV for as long as the client's hints say the next turn is away.
 ``upstream`` imitates vLLM's example proxy (a fixed 64-token threshold, the engines' fixed
 480 s retention, no hints), ``upstream-best`` the same proxy once
@@ -35,6 +36,7 @@ from agentkv_server.settings import (
 __all__ = [
     "HOST_TIER",
     "HOST_TIER_OVER_BUDGET",
+    "LOCAL_OVER_BUDGET",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -48,11 +50,13 @@ __all__ = [
     "make_policy",
 ]
 
+LOCAL_OVER_BUDGET = "local_over_budget"
+"""The reason of a local turn over the stall budget that saves more seconds than its slices add
+to the holder's running sequences together (``CostModelPolicy.stall_pays``)."""
 HOST_TIER = "host_tier"
 """The reason of a local turn whose history comes back from its engine's host tier."""
 HOST_TIER_OVER_BUDGET = "host_tier_over_budget"
-"""The same, over the stall budget: it saves more seconds than it adds to the holder's
-sequences together (``CostModelPolicy.decide_from_host_tier``)."""
+"""The same, over the stall budget, as ``LOCAL_OVER_BUDGET``."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,8 @@ class ReusePolicy(Protocol):
 
 
 class CostModelPolicy:
-    """The path with the least predicted time to first token, within the holder's TPOT budget.
+    """The path with the least predicted time to first token, within the holder's TPOT budget
+    (or over it, when that pays: :meth:`stall_pays`).
 
     Prefill steps that pulled nothing fit ``seconds = fixed + per_token * computed``; steps that
     pulled fit the rest of their time, ``seconds - fixed - per_token * computed``, as
@@ -272,6 +277,8 @@ class CostModelPolicy:
             on_prefill_s = min(pull_s, recompute_s) + wait_s + self.handoff_s
             if refused is None and local.seconds <= on_prefill_s:
                 return Decision(KVPath.LOCAL, "local_fastest", local.added_itl_s)
+            if refused == "stall_over_budget" and self.stall_pays(load, local, on_prefill_s):
+                return Decision(KVPath.LOCAL, LOCAL_OVER_BUDGET, local.added_itl_s)
         # The pull reads the holding once P gets to it: it must still be there then.
         if remaining_s < wait_s + read_s + self._cost.expiry_guard_s:
             return Decision(KVPath.RECOMPUTE, "expiring")
@@ -280,16 +287,10 @@ class CostModelPolicy:
         return Decision(KVPath.PULL, refused or "pull_cheaper")
 
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
-        """Local when predicted faster than recomputing the whole history on P. Loading the
-        history back is a memory copy (host to device on a GPU), left out of the estimate:
-        4 ms for 1,280 tokens of the tiny model on the CPU stack (docs/router.md, "Capacity").
-
-        The stall budget weighs differently here: a follow-up with a holding that it refuses
-        pulls (P computes the new part only), but this one would recompute its whole history
-        on P, behind whatever P has queued. Over the budget it still goes local when the
-        seconds it saves exceed the seconds its slices add to the holder's running sequences
-        together; measured on the pressure preset, refusals sent such turns to 7-12 s
-        recomputes (docs/benchmarks.md)."""
+        """Local when predicted faster than recomputing the whole history on P, over the
+        stall budget too when that pays (:meth:`stall_pays`). Loading the history back is a
+        memory copy (host to device on a GPU), left out of the estimate: 4 ms for 1,280 tokens
+        of the tiny model on the CPU stack (docs/router.md, "Capacity")."""
         if not self._local_settings.enabled:
             return Decision(KVPath.RECOMPUTE, "local_disabled")
         local = self.predicted_local(load)
@@ -297,15 +298,29 @@ class CostModelPolicy:
         recompute_s = self._prefill.line()[0] + self.predicted_recompute_s(
             held_tokens + load.new_tokens
         )
-        saved_s = recompute_s + load.prefill_wait_s + self.handoff_s - local.seconds
-        if saved_s < 0:
+        on_prefill_s = recompute_s + load.prefill_wait_s + self.handoff_s
+        if local.seconds > on_prefill_s:
             return Decision(KVPath.RECOMPUTE, "recompute_cheaper")
         if refused is None:
             return Decision(KVPath.LOCAL, HOST_TIER, local.added_itl_s)
-        others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
-        if refused == "stall_over_budget" and saved_s > others_s:
+        if refused == "stall_over_budget" and self.stall_pays(load, local, on_prefill_s):
             return Decision(KVPath.LOCAL, HOST_TIER_OVER_BUDGET, local.added_itl_s)
         return Decision(KVPath.RECOMPUTE, refused)
+
+    def stall_pays(self, load: TurnLoad, local: LocalEstimate, on_prefill_s: float) -> bool:
+        """Whether a local turn over the stall budget saves this turn more seconds than its
+        slices add to the holder's running sequences together, against the path through P
+        predicted at ``on_prefill_s`` (its wait behind P's queue included).
+
+        The budget bounds what one decode step may be slowed by; it does not know what the
+        turn waits for instead. On the pressure preset, P's queue of cold first turns held
+        pulls the budget sent there for 5.8-7.5 s and recomputes of host-tier histories for
+        7-12 s, where a local turn took ~1 s and slowed each of two or three running
+        sequences by a few tenths of a second for three steps (docs/router.md, "Three
+        paths")."""
+        saved_s = on_prefill_s - local.seconds
+        others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
+        return saved_s > others_s
 
     def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""

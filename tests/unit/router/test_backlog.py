@@ -46,5 +46,8 @@ def test_a_queue_on_the_prefill_engines_sends_a_busy_holders_turn_local() -> Non
     decision = policy.decide(held, NOW, queued)
     assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_fastest")
     leaving = Holding("s", "http://d", "m", {}, 2000, NOW + 8, NOW - 1)  # gone before P reads
+    # Over the budget, 3 slices x 0.5 s x 2 sequences (3 s) cost less than P's queue saves.
     over = TurnLoad(160, holder_running=2, holder_added_s=0.5, prefill_wait_s=10.0)
-    assert policy.decide(leaving, NOW, over).reason == "expiring"
+    assert policy.decide(leaving, NOW, over).reason == "local_over_budget"
+    crowded = TurnLoad(160, holder_running=10, holder_added_s=0.5, prefill_wait_s=10.0)
+    assert policy.decide(leaving, NOW, crowded).reason == "expiring"  # 15 s would not

@@ -3,6 +3,7 @@ reason, and holdings yielding to live turns (router/capacity.py, through the kee
 
 from __future__ import annotations
 
+import asyncio
 from json import loads
 from types import SimpleNamespace
 from typing import Any
@@ -258,6 +259,38 @@ def test_a_reservation_whose_end_was_never_seen_is_forgotten():
 
     assert ledger.make_room(URL, 4000, running=0) == []  # 2000 + 4001 fit again
     ledger.step_ended("lost")  # a late end of a forgotten step is harmless
+
+
+def test_a_holding_taken_for_a_pull_occupies_its_engine_until_read():
+    """Found on the pressure preset: a pull queued 7.5 s behind cold prompts on the prefill
+    engine kept its holding's blocks on the decode engine, uncounted, while three decode steps
+    waited for blocks beside holdings."""
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    pulled = holding("pulled", 2000, clock)
+    ledger.add(pulled, next_turn_s=2.0)
+    ledger.taken("pulled", pulled)
+    ledger.pull_started(pulled)
+
+    victims = ledger.make_room(URL, 6000, running=0)  # 2000 held + 2000 read + 6001 > 10 000
+
+    assert [victim.session_key for victim in victims] == ["far"]
+    ledger.pull_ended(pulled)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    assert ledger.make_room(URL, 6000, running=0) == []  # read: 2000 + 6001 fit
+
+
+def test_a_pull_whose_end_was_never_seen_is_forgotten():
+    clock = Clock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.pull_started(holding("pulled", 2000, clock))
+    assert ledger.make_room(URL, 6000, running=0) != []  # counted: "far" goes
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    clock.now += 121.0
+
+    assert ledger.make_room(URL, 6000, running=0) == []
 
 
 # -- sweeps, ends, gaps, lost reuse -----------------------------------------------------------
@@ -535,6 +568,25 @@ async def test_a_turn_the_policy_keeps_off_the_host_tier_says_why_and_recomputes
     assert again.headers["x-agentkv-kv-path"] == "recompute"
     assert 'desc="new_part_too_long"' in again.headers["server-timing"]
     assert await router.metric("agentkv_reuse_lost_to_pressure_total") == 1
+
+
+async def test_a_pulled_holding_counts_on_its_engine_until_the_prefill_step_ends(make_router):
+    router = await make_router(policy="always")
+    decode = router.decode[0]
+    await router.chat(conversation(1, 300), session="s1", headers=hints(2.0))
+    router.prefill[0].delay_s = 0.5  # the pull waits behind other prompts
+    reads = router.state.ledger.engine(decode.url).reads
+
+    turn = asyncio.create_task(
+        router.chat(conversation(2, 300), session="s1", headers=hints(2.0))
+    )
+    await asyncio.sleep(0.25)
+    during = dict(reads)
+    again = await turn
+
+    assert again.headers["x-agentkv-kv-path"] == "reuse"
+    assert [tokens for tokens, _ in during.values()] == [310]
+    assert reads == {}
 
 
 async def test_upstream_at_its_best_keeps_every_holding_as_vllms_proxy_would(make_router):

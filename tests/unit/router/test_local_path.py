@@ -95,6 +95,19 @@ def test_stall_budget_applies_only_while_the_holder_decodes_others():
     assert (decision.path, decision.reason) == (KVPath.PULL, "stall_over_budget")
 
 
+def test_over_the_stall_budget_a_turn_still_goes_local_when_p_would_keep_it_waiting_longer():
+    """Found on the pressure preset: follow-ups the budget sent to P waited 5.8-7.5 s there
+    behind cold first turns, where a local turn took ~1 s and cost each of the holder's few
+    running sequences a few tenths of a second per step."""
+    policy = cost_model(max_stall_s=0.1)  # 300 new tokens in one step: 0.15 s added per step
+    queued = TurnLoad(300, holder_running=4, prefill_wait_s=5.0)  # 4.74 s saved, 0.6 s added
+    decision = policy.decide(held(3000), NOW, queued)
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_over_budget")
+    assert decision.added_itl_s == pytest.approx(0.15)
+    crowded = TurnLoad(300, holder_running=40, prefill_wait_s=5.0)  # 6 s added
+    assert policy.decide(held(3000), NOW, crowded).reason == "stall_over_budget"
+
+
 def busy(new_tokens: int) -> TurnLoad:
     return TurnLoad(new_tokens=new_tokens, holder_running=2)
 

@@ -72,6 +72,10 @@ class Orchestrator:
             avoid = [plan.holder] if plan.holder is not None else []
         began = time.monotonic()
         prefill = PrefillAttempt(self._services, turn, plan)
+        keeper = self._services.keeper
+        to_pull = plan.holding if plan.path is KVPath.PULL else None
+        if to_pull is not None:  # its blocks stay on the holder until P has read them
+            keeper.pull_started(to_pull)
         try:
             prefilled = await attempt(prefill)
             if _fell_back(plan, prefilled):
@@ -81,7 +85,9 @@ class Orchestrator:
         finally:
             if plan.occupies_holder and not (turn.pulls and prefill.pulling):
                 # Not pulled, so it still occupies the holder: free it.
-                self._services.keeper.release_soon([plan.holding])
+                keeper.release_soon([plan.holding])
+            if to_pull is not None:
+                keeper.pull_ended(to_pull)
             turn.phases["prefill"] = time.monotonic() - began
         # Without a P step (no P engine left) D computes the prompt itself.
         response = await self._decode_step(turn, plan, prefilled, avoid)
