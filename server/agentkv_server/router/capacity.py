@@ -245,10 +245,15 @@ class CapacityLedger:
         _learn(engine, holding.params)
         engine.put(holding.session_key, self._weigh(holding, next_turn_s))
         self._where[holding.session_key] = holding.decode_url
-        budget = self.budget_tokens(holding.decode_url)
-        if not self._settings.enabled or budget is None:
+        budget, capacity = self.budget_tokens(holding.decode_url), engine.capacity_tokens
+        if not self._settings.enabled or budget is None or capacity is None:
             return []
-        return self._shed(engine, lambda: engine.held_tokens > budget, "pressure")
+        victims = self._shed(engine, lambda: engine.held_tokens > budget, "pressure")
+        # The steps reserved there since their make_room must still fit beside the holdings:
+        # a holding recorded meanwhile would take the room of a step whose sliced prefill is
+        # still claiming blocks, which then waits for them (docs/router.md, "Capacity").
+        room = capacity - self._reserved_tokens(engine)
+        return victims + self._shed(engine, lambda: engine.held_tokens > room, "live_turn")
 
     def make_room(
         self, url: str, tokens: int, running: int, step: str | None = None

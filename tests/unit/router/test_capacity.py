@@ -261,6 +261,22 @@ def test_a_reservation_whose_end_was_never_seen_is_forgotten():
     ledger.step_ended("lost")  # a late end of a forgotten step is harmless
 
 
+def test_a_holding_recorded_after_a_step_made_room_leaves_that_room_to_the_step():
+    """A decode step's prefill goes in slices, claiming blocks over many engine steps: a
+    holding recorded meanwhile, within the budget, must not take what the step still needs."""
+    clock = Clock()
+    ledger, metrics = ledger_with(clock)
+    assert ledger.add(holding("a", 2000, clock), next_turn_s=300.0) == []
+    assert ledger.make_room(URL, 6000, running=0, step="t1") == []  # 2000 + 6001 fit
+
+    victims = ledger.add(holding("b", 2000, clock), next_turn_s=2.0)  # 4000 + 6001 do not
+
+    assert [victim.session_key for victim in victims] == ["a"]  # within the budget of 5000
+    assert releases(metrics, "live_turn") == 1
+    ledger.step_ended("t1")
+    assert ledger.add(holding("a", 2000, clock), next_turn_s=300.0) == []
+
+
 def test_a_holding_taken_for_a_pull_occupies_its_engine_until_read():
     """Found on the pressure preset: a pull queued 7.5 s behind cold prompts on the prefill
     engine kept its holding's blocks on the decode engine, uncounted, while three decode steps

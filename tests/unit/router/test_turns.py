@@ -249,6 +249,28 @@ async def test_tiny_history_is_recomputed_and_its_holding_released(make_router):
     assert held_id in router.decode[0].released
 
 
+async def test_a_holding_no_one_will_read_is_released_before_the_prefill_step(make_router):
+    """Released after P's step, a recomputed turn's holding stayed on D, uncounted, for as long
+    as the turn queued on a busy P."""
+    router = await make_router()
+    await router.chat([{"role": "user", "content": "hi"}], session="s1")
+    (held_id,) = router.decode[0].retained
+    router.prefill[0].delay_s = 0.5
+
+    turn = asyncio.create_task(
+        router.chat(
+            [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}],
+            session="s1",
+        )
+    )
+    await asyncio.sleep(0.25)
+    released_during_prefill = held_id in router.decode[0].released
+    response = await turn
+
+    assert response.headers["x-agentkv-kv-path"] == "recompute"
+    assert released_during_prefill
+
+
 async def test_releases_close_together_go_to_their_engine_as_one_request(make_router):
     router = await make_router()
     for session in ("s1", "s2"):

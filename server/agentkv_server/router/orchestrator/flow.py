@@ -76,6 +76,8 @@ class Orchestrator:
         to_pull = plan.holding if plan.path is KVPath.PULL else None
         if to_pull is not None:  # its blocks stay on the holder until P has read them
             keeper.pull_started(to_pull)
+        elif plan.occupies_holder:  # nothing will read it: free it now, not after P's queue
+            keeper.release_soon([plan.holding])
         try:
             prefilled = await attempt(prefill)
             if _fell_back(plan, prefilled):
@@ -83,10 +85,9 @@ class Orchestrator:
             if isinstance(prefilled, Refused):  # only a cold step's refusal is passed back
                 return _passthrough(turn, prefilled.failure)
         finally:
-            if plan.occupies_holder and not (turn.pulls and prefill.pulling):
-                # Not pulled, so it still occupies the holder: free it.
-                keeper.release_soon([plan.holding])
             if to_pull is not None:
+                if not (turn.pulls and prefill.pulling):  # not pulled: it still occupies D
+                    keeper.release_soon([to_pull])
                 keeper.pull_ended(to_pull)
             turn.phases["prefill"] = time.monotonic() - began
         # Without a P step (no P engine left) D computes the prompt itself.
