@@ -68,6 +68,7 @@ __all__ = [
     "cold_prefill_params",
     "decode_params",
     "holding_report",
+    "is_release_only",
     "pull_prefill_params",
     "release_body",
     "transfer_params",
@@ -92,7 +93,8 @@ REMOTE_BLOCKS_EXPIRY_TIME: Final = "remote_blocks_expiry_time"
 # Router -> D, with the decode step.
 RETENTION_SECONDS: Final = "agentkv_retention_seconds"
 TICKET: Final = "agentkv_ticket"
-# Router -> D, alone on a tiny request: free these retained requests' blocks now.
+# Router -> D, on a tiny request of its own or with a decode step: free these retained
+# requests' blocks now (as the request arrives, before it waits for blocks of its own).
 RELEASE: Final = "agentkv_release"
 # D -> router, in the returned params and the holding report.
 EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
@@ -185,15 +187,28 @@ def pull_prefill_params(holding: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def decode_params(
-    prefill: Mapping[str, Any] | None, *, retention_s: float | None, ticket: str | None
+    prefill: Mapping[str, Any] | None,
+    *,
+    retention_s: float | None,
+    ticket: str | None,
+    release: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """D's params: P's returned params plus agentkv's retention and ticket (None: not sent)."""
+    """D's params: P's returned params plus agentkv's retention and ticket (None: not sent),
+    and the retained requests D is to free as the step arrives (``release``)."""
     params = dict(prefill or {})
     if retention_s is not None:
         params[RETENTION_SECONDS] = retention_s
     if ticket is not None:
         params[TICKET] = ticket
+    if release:
+        params[RELEASE] = list(release)
     return params
+
+
+def is_release_only(params: Mapping[str, Any]) -> bool:
+    """Whether a request's params make it a release of its own (:func:`release_body`), not a
+    decode step that also releases: plumbing, whose own KV is worth nothing."""
+    return RELEASE in params and RETENTION_SECONDS not in params
 
 
 def release_body(model: str, request_ids: Sequence[str]) -> dict[str, Any]:

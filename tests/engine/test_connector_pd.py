@@ -136,6 +136,26 @@ def test_release_frees_retained_blocks_at_once(probe: KVProbe) -> None:
     assert wait_until(lambda: blocks_in_use(probe) == before)
 
 
+def test_a_decode_step_frees_the_holdings_it_releases_and_keeps_its_own(probe: KVProbe) -> None:
+    """How the router makes room for a step: the release goes with the step, not before it."""
+    before = blocks_in_use(probe)
+    _, old = probe.turn(tokens(13, 700), max_tokens=16, retention_seconds=300)
+    holding_one = blocks_in_use(probe)
+    prompt = tokens(14, 700)
+
+    step = probe.decode(
+        prompt,
+        probe.prefill(prompt),
+        retention_seconds=300,
+        release=[old.holding["remote_request_id"]],
+    )
+
+    assert step.holding["agentkv_expires_in_seconds"] == 300
+    assert wait_until(lambda: blocks_in_use(probe) == holding_one)  # one holding: the new one
+    release(probe, step.holding["remote_request_id"])
+    assert wait_until(lambda: blocks_in_use(probe) == before)
+
+
 def test_forward_threads_keep_their_own_cores(stack: Stack) -> None:
     """The stall fix: upstream's NIXL worker re-pins the forward thread to the last core of
     its NUMA node, so every engine's forward pass would share one core."""

@@ -71,6 +71,10 @@ def test_builders() -> None:
         "agentkv_ticket": "t",
     }
     assert wire.decode_params(None, retention_s=None, ticket=None) == {}
+    releasing = wire.decode_params(None, retention_s=0.0, ticket=None, release=["d-1"])
+    assert releasing == {"agentkv_retention_seconds": 0.0, "agentkv_release": ["d-1"]}
+    assert not wire.is_release_only(releasing)  # a step that releases: its own KV counts
+    assert wire.is_release_only(wire.release_body("m", ["d-1"])["kv_transfer_params"])
     assert wire.release_body("m", ["d-1"]) == {
         "model": "m",
         "prompt": ".",

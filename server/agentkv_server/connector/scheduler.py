@@ -18,7 +18,8 @@ the worker reported it in ``failed_recving`` and the request computed the prompt
 ``agentkv_kv_load_from``, the engine it loaded from. The router learns each engine pair's
 transfer health from it (docs/router.md, "Pair health").
 
-A request carrying ``agentkv_release`` frees the named retained requests' blocks at once.
+A request carrying ``agentkv_release`` frees the named retained requests' blocks at once, as
+it arrives: a release of its own, or a decode step that needs their room.
 While released or expired blocks wait for the worker to free them (one step), a request that
 finds no room waits for them rather than preempting another (``has_pending_block_frees``).
 
@@ -311,7 +312,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         req_id = request.request_id
         seconds = (
             0.0  # a release request is plumbing: nothing of it is worth keeping
-            if wire.RELEASE in request_params
+            if wire.is_release_only(request_params)
             else retention_seconds(
                 request_params,
                 default=self._settings.default_retention_seconds,

@@ -6,7 +6,8 @@ turn, issues tickets, records what decode engines report, ends sessions and rele
 A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
 sends the release request of docs/protocol.md section 5 so the engine frees it now. Releases
-run in the background, but for those a decode step must wait for to fit (``make_room``).
+run in the background, but those a decode step needs the room of go with the step itself
+(``make_room``).
 
 With a capacity ledger (capacity.py) the keeper also keeps each decode engine's holdings within
 budget: the holdings the ledger names (abandoned ones, then the least valuable) are taken out
@@ -20,7 +21,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from agentkv_server import wire
@@ -213,19 +214,33 @@ class HoldingKeeper:
 
     async def make_room(
         self, decode_url: str, tokens: int, running: int, step: str | None = None
-    ) -> None:
-        """Before a decode step of ``tokens`` beside ``running`` others: release (and wait for
-        the engine to free) the least valuable holdings the step would not fit beside. A step
-        with a ticket (``step``) keeps its room reserved until its KV is recorded."""
+    ) -> list[Holding]:
+        """Before a decode step of ``tokens`` beside ``running`` others: the least valuable
+        holdings the step would not fit beside, taken out of the store for the step to release
+        (``agentkv_release`` with the step: the engine frees them as it arrives, before it
+        waits for blocks; a release of their own waited for blocks itself, 1-1.9 s on the
+        pressure preset). If the step fails, :meth:`release_soon` them. A step with a ticket
+        (``step``) keeps its room reserved until its KV is recorded."""
         if self._ledger is None or not self._releases_enabled:
-            return
-        if victims := self._ledger.make_room(decode_url, tokens, running, step):
-            await self._evict(victims, wait=True)
+            return []
+        return await self._take_out(self._ledger.make_room(decode_url, tokens, running, step))
 
-    async def _evict(self, victims: Iterable[Holding], *, wait: bool = False) -> None:
-        """Take each of ``victims`` out of the store and release it; one that a turn took
-        already is that turn's to pull or release, and a newer holding found instead goes
-        back."""
+    @contextlib.contextmanager
+    def released_if_failed(self, releases: list[Holding]) -> Iterator[None]:
+        """Around a decode step that carries ``releases``: if it fails, release them on their
+        own (the engine may never have seen the step; a second release is ignored)."""
+        try:
+            yield
+        except BaseException:
+            self.release_soon(releases)
+            raise
+
+    async def _evict(self, victims: Iterable[Holding]) -> None:
+        self.release_soon(await self._take_out(victims))
+
+    async def _take_out(self, victims: Iterable[Holding]) -> list[Holding]:
+        """``victims`` taken out of the store, to release; one that a turn took already is
+        that turn's to pull or release, and a newer holding found instead goes back."""
         taken = []
         for victim in victims:
             current = await self._store.take(victim.session_key)
@@ -235,10 +250,7 @@ class HoldingKeeper:
                 self.release_soon(await self._store.offer(current))
                 continue
             taken.append(victim)
-        if wait:
-            await asyncio.gather(*(self.release(holding) for holding in taken))
-        else:
-            self.release_soon(taken)
+        return taken
 
     def start(self) -> None:
         """Hear of holdings that other routers sharing the store recorded for this one, and

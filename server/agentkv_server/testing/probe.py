@@ -120,10 +120,14 @@ class KVProbe:
         *,
         max_tokens: int = 16,
         retention_seconds: float | None = None,
+        release: Sequence[str] = (),
     ) -> DecodeStep:
         """Step D with P's params, asking D to retain the KV ``retention_seconds`` (None: the
-        engine's default). ``ignore_eos`` makes the held token count exactly prompt + max_tokens - 1."""
-        params = wire.decode_params(prefill.params, retention_s=retention_seconds, ticket=None)
+        engine's default) and to free the retained requests ``release`` as the step arrives.
+        ``ignore_eos`` makes the held token count exactly prompt + max_tokens - 1."""
+        params = wire.decode_params(
+            prefill.params, retention_s=retention_seconds, ticket=None, release=release
+        )
         started = time.perf_counter()
         answer = self.d.complete(
             prompt,

@@ -143,7 +143,8 @@ class StubEngine:
         return [
             r
             for r in self.requests
-            if r.path.endswith(("completions", "responses")) and wire.RELEASE not in r.kv_params
+            if r.path.endswith(("completions", "responses"))
+            and not wire.is_release_only(r.kv_params)
         ]
 
     async def start(self, port: int = 0) -> None:
@@ -228,7 +229,9 @@ class StubEngine:
             await asyncio.sleep(self.delay_s)
         params = body.get(wire.KV_TRANSFER_PARAMS) or {}
         if wire.RELEASE in params:
-            return self._release(params[wire.RELEASE], body)
+            self._release(params[wire.RELEASE])
+            if wire.is_release_only(params):
+                return web.json_response(answer_body(body, "", 1, 1, None))
         if params.get(wire.DO_REMOTE_DECODE):
             return await self._prefill(body, params)
         return await self._decode(request, body, params)
@@ -245,11 +248,10 @@ class StubEngine:
         await asyncio.sleep(3600)  # "hang": the client's timeout ends it
         return None
 
-    def _release(self, request_ids: list[str], body: dict[str, Any]) -> web.Response:
+    def _release(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             if self.retained.pop(request_id, None) is not None:
                 self.released.append(request_id)
-        return web.json_response(answer_body(body, "", 1, 1, None))
 
     async def _compute(self, tokens: int) -> None:
         """Spend the time the cluster's model takes to prefill ``tokens``."""

@@ -593,9 +593,7 @@ async def test_a_pulled_holding_counts_on_its_engine_until_the_prefill_step_ends
     router.prefill[0].delay_s = 0.5  # the pull waits behind other prompts
     reads = router.state.ledger.engine(decode.url).reads
 
-    turn = asyncio.create_task(
-        router.chat(conversation(2, 300), session="s1", headers=hints(2.0))
-    )
+    turn = asyncio.create_task(router.chat(conversation(2, 300), session="s1", headers=hints(2.0)))
     await asyncio.sleep(0.25)
     during = dict(reads)
     again = await turn
@@ -635,10 +633,29 @@ async def test_a_decode_step_that_would_not_fit_beside_holdings_releases_them_fi
     await router.state.keeper.drain()
 
     assert far_id in decode.released
-    # Released before the step was sent: the release is the request before the turn's own.
-    release = decode.requests[-2]
-    assert release.kv_params == {"agentkv_release": [far_id]}
+    # Released by the step itself: the engine frees it as the step arrives, with no request
+    # of its own to wait for (which waited for blocks itself on a full engine).
+    step = decode.requests[-1]
+    assert step.kv_params["agentkv_release"] == [far_id]
+    assert step.kv_params["agentkv_retention_seconds"] == 0  # a sessionless step keeps none
+    assert len(decode.completions()) == 3  # the step is a completion, not a release only
     assert await router.metric('agentkv_kv_releases_total{reason="live_turn"}') == 1
+
+
+async def test_the_holdings_a_failed_decode_step_carried_are_released_on_their_own(make_router):
+    router = await make_router()
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0))
+    (far_id,) = decode.retained
+    decode.faults = ["bad_request"]  # refused before the engine's scheduler saw the step
+
+    refused = await router.chat(conversation(1, 1800))
+    await router.state.keeper.drain()
+
+    assert refused.status_code == 400
+    assert decode.released == [far_id]
+    assert decode.requests[-1].kv_params == {"agentkv_release": [far_id]}
 
 
 async def test_deleting_a_session_counts_a_session_end_release(make_router):

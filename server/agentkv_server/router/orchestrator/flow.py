@@ -76,7 +76,9 @@ class Orchestrator:
         to_pull = plan.holding if plan.path is KVPath.PULL else None
         if to_pull is not None:  # its blocks stay on the holder until P has read them
             keeper.pull_started(to_pull)
-        elif plan.occupies_holder:  # nothing will read it: free it now, not after P's queue
+        elif plan.occupies_holder and plan.path is not KVPath.LOCAL:
+            # Nothing will read it: free it now, not after P's queue (a failed local step
+            # released what it continued).
             keeper.release_soon([plan.holding])
         try:
             prefilled = await attempt(prefill)
@@ -106,10 +108,7 @@ class Orchestrator:
                 "local turn on %s failed (%s): recomputing", plan.holder.url, failure.kind
             )
             return None
-        if plan.occupies_holder:
-            # The new request holds the history's blocks now (prefix hit): the old lease can go.
-            self._services.keeper.release_soon([plan.holding])
-        return _answer(turn, served)
+        return _answer(turn, served)  # the step released the holding it continues
 
     async def _decode_step(
         self, turn: Turn, plan: Plan, prefilled: Prefilled | None, avoid: list[Engine]

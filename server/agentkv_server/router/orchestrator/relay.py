@@ -180,10 +180,12 @@ class ResumeAttempt(Attempt[Relayed]):
 
     async def send(self, engine: Engine) -> Relayed:
         services = self.services
-        body, ticket = await services.decode_request(
+        body, ticket, releases = await services.decode_request(
             self.turn, engine, self._continuation, None, self._retention_s
         )
-        return Relayed(await services.open_stream(self.turn, engine, body), engine, ticket)
+        with services.keeper.released_if_failed(releases):
+            stream = await services.open_stream(self.turn, engine, body)
+        return Relayed(stream, engine, ticket)
 
     def then(self, failure: EngineFailure) -> Then:
         return Then.REFUSED if failure.is_client_error else Then.ELSEWHERE

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentkv_server import wire
 from agentkv_server.router.blockwaits import BlockWaitTally
@@ -23,6 +23,7 @@ from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.pairs import PairHealth
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import ReusePolicy
+from agentkv_server.router.sessions import Holding
 from agentkv_server.router.turn import Turn
 from agentkv_server.router.upstream import (
     DecodeStream,
@@ -34,9 +35,20 @@ from agentkv_server.router.upstream import (
 from agentkv_server.router.watchdog import Watchdog
 from agentkv_server.settings import Settings, Timeouts
 
-__all__ = ["Services", "StepTimeouts"]
+__all__ = ["DecodeRequest", "Services", "StepTimeouts"]
 
 logger = logging.getLogger(__name__)
+
+
+class DecodeRequest(NamedTuple):
+    """A decode step as it goes to its engine."""
+
+    body: dict[str, Any]
+    ticket: str | None
+    """The ticket of the holding it is to keep; None: it keeps none."""
+    releases: list[Holding]
+    """Holdings it releases to make its room (``agentkv_release``); if the step fails before
+    its engine saw it, they are still held there: ``keeper.release_soon`` them."""
 
 
 @dataclass(frozen=True)
@@ -101,23 +113,30 @@ class Services:
         retention_s: float,
         *,
         tokens: int = 0,
-    ) -> tuple[dict[str, Any], str | None]:
-        """``body`` as a decode step on ``engine`` sends it, and the ticket of the holding it is
-        to keep: D's params are P's (None: D computes the prompt itself), the retention and the
-        ticket. A step of ``tokens`` (0: unknown) that would not fit beside the engine's
-        holdings first has the least valuable of them released; with a ticket, its room stays
-        reserved until its KV is recorded."""
+        continued: Holding | None = None,
+    ) -> DecodeRequest:
+        """``body`` as a decode step on ``engine`` sends it: D's params are P's (None: D
+        computes the prompt itself), the retention and the ticket. A step of ``tokens`` (0:
+        unknown) that would not fit beside the engine's holdings releases the least valuable
+        of them; with a ticket, its room stays reserved until its KV is recorded. A local
+        step releases the holding it ``continued`` too: as it arrives, the step shares that
+        holding's blocks (a prefix hit), and released any later, they stayed held while the
+        step waited for room for its new part (on a full engine, three local turns each held
+        their history and waited for the others', 9-11 s, until retention ran out)."""
         ticket = await self._issue_ticket(turn, engine, retention_s)
-        await self.keeper.make_room(engine.url, tokens, engine.inflight, ticket)
+        releases = await self.keeper.make_room(engine.url, tokens, engine.inflight, ticket)
+        if continued is not None:
+            releases.append(continued)
         hints = self.policy.sends_hints
         params = wire.decode_params(
             prefill_params,
             retention_s=retention_s if hints else None,
             ticket=ticket if hints else None,
+            release=[request_id for held in releases for request_id in held.request_ids()],
         )
-        if not params:
-            return body, ticket
-        return {**body, wire.KV_TRANSFER_PARAMS: params}, ticket
+        if params:
+            body = {**body, wire.KV_TRANSFER_PARAMS: params}
+        return DecodeRequest(body, ticket, releases)
 
     async def _issue_ticket(self, turn: Turn, engine: Engine, retention_s: float) -> str | None:
         """A ticket when this turn's KV is to be kept for the session's next turn."""

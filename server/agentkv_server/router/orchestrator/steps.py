@@ -150,14 +150,17 @@ class DecodeAttempt(Attempt[Response]):
     async def send(self, engine: Engine) -> Response:
         services, turn = self.services, self.turn
         prefill_params = self._prefilled.params if self._prefilled is not None else None
-        body, ticket = await services.decode_request(
-            turn, engine, turn.request.body, prefill_params, self._retention_s, tokens=self._tokens
-        )
+        continued = self._plan.holding if self._continues_holding else None
+        body, ticket, releases = await services.decode_request(
+            turn, engine, turn.request.body, prefill_params, self._retention_s,
+            tokens=self._tokens, continued=continued,
+        )  # fmt: skip
         if ticket is not None and self._source is not None:
             services.pairs.expect(ticket, self._source, engine.url)
-        if turn.request.stream:
-            return await self._stream(engine, body, ticket)
-        return await self._complete(engine, body, ticket)
+        with services.keeper.released_if_failed(releases):
+            if turn.request.stream:
+                return await self._stream(engine, body, ticket)
+            return await self._complete(engine, body, ticket)
 
     def then(self, failure: EngineFailure) -> Then:
         if failure.is_client_error:
@@ -176,6 +179,11 @@ class DecodeAttempt(Attempt[Response]):
 
     def _only_decode_engine(self, engine: Engine) -> bool:
         return all(other is engine for other in self.services.decode.engines)
+
+    @property
+    def _continues_holding(self) -> bool:
+        """A local step on the holder, whose holding still occupies it (not the host tier)."""
+        return self._holder is not None and self._plan.occupies_holder
 
     @property
     def _tokens(self) -> int:
