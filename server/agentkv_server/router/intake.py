@@ -47,6 +47,8 @@ class ClientRequest:
     hints: TurnHints
     headers: dict[str, str]
     tenant: str | None = None
+    body_bytes: int = 0
+    """The body's size as it arrived: what a prompt not yet counted is estimated by."""
 
     @property
     def session_key(self) -> str | None:
@@ -62,7 +64,8 @@ async def read_request(
     ``tenant`` (the authenticated caller) namespaces the session id. When the router
     authenticates clients their ``authorization`` header is its own and is not forwarded.
     """
-    body = await read_json(request, max_body_bytes)
+    raw = await _read_body(request, max_body_bytes)
+    body = _parse_json(raw)
     wire = wire_format(endpoint)
     wire.check(body)
     hints = _resolve_hints(request.headers, body.get(protocol.BODY_FIELD))
@@ -79,6 +82,7 @@ async def read_request(
         hints=hints,
         headers=headers,
         tenant=tenant,
+        body_bytes=len(raw),
     )
 
 

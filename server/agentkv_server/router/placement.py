@@ -24,7 +24,16 @@ from agentkv_server.router.failures import LOST, SUSPECT, ErrorKind, wire_kind
 from agentkv_server.router.fit import LinearFit
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 
-__all__ = ["Engine", "EnginePool", "HealthMonitor", "Role", "StepTimes", "probe_health"]
+__all__ = [
+    "Engine",
+    "EnginePool",
+    "HealthMonitor",
+    "QueuedStep",
+    "Role",
+    "StepQueue",
+    "StepTimes",
+    "probe_health",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +41,8 @@ Role = Literal["prefill", "decode"]
 
 # Weight of each new gap in StepTimes' running mean of plain steps: a few dozen steps of memory.
 _STEP_ALPHA = 0.05
+# Weight of each served step in StepQueue's fit: the last ten or so steps.
+_SERVICE_ALPHA = 0.1
 # Weight of each local prefill's measurement in the fit of what slices add (the cost model's
 # default weight: a measurement is a whole turn's worth of steps, not one gap).
 _ADDED_ALPHA = 0.2
@@ -103,6 +114,78 @@ class StepTimes:
         self._added.add(tokens, added)
 
 
+class StepQueue:
+    """The whole steps in flight on an engine, each with the tokens it computes, and how long
+    the engine takes to serve a step against those tokens: what a new step waits behind.
+
+    A prefill engine's steps range from a pull's few hundred new tokens to a cold first turn's
+    whole history, so a count of steps in flight times their mean time says little: on the
+    pressure preset a follow-up's pull waited 13.8 s behind cold first turns where that
+    estimate saw a few seconds (docs/router.md, "P's queue").
+    """
+
+    __slots__ = ("_fit", "_in_flight", "_last_end", "_queued_at_last_end")
+
+    def __init__(self) -> None:
+        self._fit: LinearFit | None = None
+        self._in_flight: dict[QueuedStep, None] = {}  # in the order they were sent
+        self._last_end: float | None = None
+        self._queued_at_last_end = False
+
+    @contextlib.contextmanager
+    def step(self, tokens: int) -> Iterator[QueuedStep]:
+        """Count a step of about ``tokens`` computed tokens in flight for the block."""
+        step = QueuedStep(time.monotonic(), tokens)
+        self._in_flight[step] = None
+        try:
+            yield step
+        finally:
+            del self._in_flight[step]
+
+    def served(self, step: QueuedStep, tokens: int | None = None) -> None:
+        """``step`` ended with its answer, having computed ``tokens`` (None: as estimated).
+
+        Where other steps were in flight when the previous one ended, the engine was busy in
+        between, and the time since is this step's service (its own time includes its wait).
+        """
+        now = time.monotonic()
+        seconds = now - step.sent_at
+        if self._last_end is not None and self._queued_at_last_end:
+            seconds = min(seconds, now - self._last_end)
+        tokens = step.tokens if tokens is None else tokens
+        if self._fit is None:  # anchored at nothing to compute, nothing to serve
+            self._fit = LinearFit(0.0, seconds / max(tokens, 1), _SERVICE_ALPHA)
+        self._fit.add(tokens, seconds)
+        self._last_end, self._queued_at_last_end = now, len(self._in_flight) > 1
+
+    def service_s(self, tokens: int) -> float | None:
+        """Seconds a step of ``tokens`` computed tokens takes to serve; None until one was."""
+        if self._fit is None:
+            return None
+        intercept, slope = self._fit.line()
+        return intercept + slope * tokens
+
+    def backlog_s(self) -> float:
+        """The service the steps in flight still need (0 until one step was served): theirs
+        summed, less what the oldest has had since it was sent or the last step ended."""
+        if self._fit is None or not self._in_flight:
+            return 0.0
+        needed = [self.service_s(step.tokens) or 0.0 for step in self._in_flight]
+        began = next(iter(self._in_flight)).sent_at
+        if self._last_end is not None:
+            began = max(began, self._last_end)
+        served = min(max(time.monotonic() - began, 0.0), needed[0])
+        return sum(needed) - served
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class QueuedStep:
+    """A step in a StepQueue: when it was sent, and the tokens it was expected to compute."""
+
+    sent_at: float
+    tokens: int
+
+
 def _running_mean(mean: float | None, sample: float) -> float:
     return sample if mean is None else mean + _STEP_ALPHA * (sample - mean)
 
@@ -119,26 +202,12 @@ class Engine:
     lost_at: float = 0.0  # wall clock (holdings' clock) of the last refused connection
     answered_at: float = -math.inf  # monotonic time of the last answer seen from it
     steps: StepTimes = field(default_factory=StepTimes)
-    step_s: float | None = None
-    """Running mean of the time its whole (non-streamed) steps take to serve, queue excluded: a
-    prefill engine's prompts."""
-    _last_step_end: float | None = field(default=None, repr=False)
-    _queued_at_last_end: bool = field(default=False, repr=False)
-
-    def observe_step(self, seconds: float) -> None:
-        """A whole step ended, ``seconds`` after it was sent (before it leaves ``inflight``).
-        Where other steps were in flight when the previous one ended, the engine was busy in
-        between, and the time since is this step's service (its own time includes its wait)."""
-        now = time.monotonic()
-        if self._last_step_end is not None and self._queued_at_last_end:
-            seconds = min(seconds, now - self._last_step_end)
-        self.step_s = _running_mean(self.step_s, seconds)
-        self._last_step_end, self._queued_at_last_end = now, self.inflight > 1
+    queue: StepQueue = field(default_factory=StepQueue)
 
     @property
     def backlog_s(self) -> float:
-        """About how long a new step waits behind the ones in flight here (0 until measured)."""
-        return self.inflight * (self.step_s or 0.0)
+        """About how long a new step waits behind the ones in flight here (StepQueue)."""
+        return self.queue.backlog_s()
 
     def mark_answered(self) -> None:
         self.answered_at = time.monotonic()
@@ -212,7 +281,8 @@ class EnginePool:
         return self._by_url.get(url)
 
     def pick(self, *, prefer: str | None = None, exclude: Iterable[Engine] = ()) -> Engine | None:
-        """The preferred engine if it is usable, else the least loaded healthy one.
+        """The preferred engine if it is usable, else the least loaded healthy one: the
+        shortest queue (StepQueue: prefill engines), then the fewest requests in flight.
 
         Ties rotate, so an idle pool still spreads requests.
         """
@@ -226,7 +296,7 @@ class EnginePool:
             return None
         offset = next(self._turn) % len(candidates)
         rotated = candidates[offset:] + candidates[:offset]
-        return min(rotated, key=lambda engine: engine.inflight)
+        return min(rotated, key=lambda engine: (engine.backlog_s, engine.inflight))
 
     def any_healthy(self) -> bool:
         return any(engine.healthy for engine in self.engines)

@@ -1,4 +1,5 @@
-"""How many of a turn's prompt tokens are new beyond the session's holding.
+"""How many of a turn's prompt tokens are new beyond the session's holding, and how many a
+prompt no engine has counted is likely to have.
 
 The router asks the holder itself (vLLM's ``POST /tokenize``, which applies the same chat
 template and tokenizer as the completion will): exact, and it costs the router no tokenizer
@@ -17,7 +18,13 @@ from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.upstream import post_json
 
-__all__ = ["count_prompt_tokens", "tokenize_body"]
+__all__ = ["PromptSizes", "count_prompt_tokens", "tokenize_body"]
+
+# Prompt tokens per byte of a chat request body before any was measured: English text runs
+# about four characters a token, and a body's JSON adds little to a long history.
+_TOKENS_PER_BYTE = 0.25
+# Weight of each measured prompt in the running ratio.
+_RATIO_ALPHA = 0.1
 
 # Request fields that change what the chat template renders.
 _CHAT_FIELDS = (
@@ -53,3 +60,26 @@ async def count_prompt_tokens(
     answer = await post_json(http, engine, "/tokenize", tokenize_body(request), headers, timeout)
     count = answer.get("count")
     return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+class PromptSizes:
+    """Prompt tokens per request byte, learned from the engines' answers.
+
+    What P's queue expects a step to compute where no engine counted the prompt beforehand: a
+    cold first turn has no holder to count it on, and its whole history is what makes P's
+    queue long (docs/router.md, "P's queue").
+    """
+
+    __slots__ = ("tokens_per_byte",)
+
+    def __init__(self, tokens_per_byte: float = _TOKENS_PER_BYTE) -> None:
+        self.tokens_per_byte = tokens_per_byte
+
+    def estimate(self, request: ClientRequest) -> int:
+        return round(request.body_bytes * self.tokens_per_byte)
+
+    def observe(self, request: ClientRequest, prompt_tokens: int) -> None:
+        """``request``'s prompt came to ``prompt_tokens`` tokens on an engine."""
+        if request.body_bytes > 0:
+            ratio = prompt_tokens / request.body_bytes
+            self.tokens_per_byte += _RATIO_ALPHA * (ratio - self.tokens_per_byte)

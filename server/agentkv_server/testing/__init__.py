@@ -2,12 +2,15 @@
 the kv_transfer_params protocol of docs/protocol.md, for unit tests, load tests and benchmarks;
 ``probe``, which drives real engines by hand and judges reused KV against recomputed KV."""
 
+from agentkv_server.testing.clock import ManualClock
 from agentkv_server.testing.harness import (
     InProcessRouter,
     conversation,
     in_process_router,
+    plan_reason,
     serve_in_process,
     serve_on_loopback,
+    tool_result,
     words,
 )
 from agentkv_server.testing.redis_server import RedisServer
@@ -27,6 +30,7 @@ from agentkv_server.testing.workload import Send, TurnOutcome, WorkloadReport, r
 __all__ = [
     "Fault",
     "InProcessRouter",
+    "ManualClock",
     "RecordedRequest",
     "RedisServer",
     "Reporter",
@@ -40,9 +44,11 @@ __all__ = [
     "count_prompt_tokens",
     "http_reporter",
     "in_process_router",
+    "plan_reason",
     "run_sessions",
     "serve_in_process",
     "serve_on_loopback",
     "stub_answer",
+    "tool_result",
     "words",
 ]

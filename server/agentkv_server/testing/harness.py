@@ -29,8 +29,10 @@ __all__ = [
     "InProcessRouter",
     "conversation",
     "in_process_router",
+    "plan_reason",
     "serve_in_process",
     "serve_on_loopback",
+    "tool_result",
     "words",
 ]
 
@@ -48,6 +50,19 @@ def conversation(turns: int, history_words: int) -> list[dict[str, Any]]:
             messages.append({"role": "assistant", "content": "w0 w1 w2 w3"})
         messages.append({"role": "user", "content": f"question {turn}"})
     return messages
+
+
+def tool_result(history: list[dict[str, Any]], n_words: int) -> list[dict[str, Any]]:
+    """``history``'s next turn: a short assistant call, then a tool's ``n_words`` tokens."""
+    return [*history, {"role": "assistant", "content": "w0 w1 w2 w3"},
+            {"role": "tool", "content": words(n_words, "t")}]  # fmt: skip
+
+
+def plan_reason(response: httpx.Response) -> str:
+    """Why the router planned a turn as it did: the ``desc`` of ``Server-Timing``'s plan."""
+    plan = response.headers["server-timing"].split(",")[0].strip()
+    assert plan.startswith("plan;dur="), plan
+    return plan.partition(";desc=")[2].strip('"')
 
 
 @dataclass

@@ -16,22 +16,14 @@ from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import Holding, InMemoryStore
 from agentkv_server.settings import CapacitySettings
-from agentkv_server.testing import conversation
+from agentkv_server.testing import ManualClock, conversation
 
 URL = "http://d"
 S_PER_TOKEN = 5e-4
 CAPACITY = {"agentkv_kv_cache_tokens": 10_000, "agentkv_kv_bytes_per_token": 100.0}
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def holding(session: str, tokens: int, clock: Clock, *, expires_in: float = 600.0) -> Holding:
+def holding(session: str, tokens: int, clock: ManualClock, *, expires_in: float = 600.0) -> Holding:
     params = {"remote_request_id": f"req-{session}", **CAPACITY}
     return Holding(session, URL, "m", params, tokens, clock.now + expires_in, clock.now)
 
@@ -41,7 +33,7 @@ def holding(session: str, tokens: int, clock: Clock, *, expires_in: float = 600.
 WORKED_OUT = {"retained_fraction": 0.5, "abandon_factor": 3.0, "abandon_slack_s": 5.0}
 
 
-def ledger_with(clock: Clock, **settings: object) -> tuple[CapacityLedger, RouterMetrics]:
+def ledger_with(clock: ManualClock, **settings: object) -> tuple[CapacityLedger, RouterMetrics]:
     metrics = RouterMetrics()
     ledger = CapacityLedger(
         CapacitySettings.model_validate({**WORKED_OUT, **settings}),
@@ -66,7 +58,7 @@ def value(held: Held, now: float) -> float:
 
 
 def test_a_session_about_to_return_is_worth_more_than_one_far_off():
-    clock = Clock()
+    clock = ManualClock()
     soon = Held(holding("a", 2000, clock), clock.now, gap_s=2.0, confidence=1.0)
     far = Held(holding("b", 2000, clock), clock.now, gap_s=300.0, confidence=1.0)
 
@@ -74,7 +66,7 @@ def test_a_session_about_to_return_is_worth_more_than_one_far_off():
 
 
 def test_a_predicted_turn_is_worth_more_than_an_unpredicted_one_at_the_same_gap():
-    clock = Clock()
+    clock = ManualClock()
     hinted = Held(holding("a", 2000, clock), clock.now, gap_s=10.0, confidence=1.0)
     unknown = Held(holding("b", 2000, clock), clock.now, gap_s=10.0, confidence=0.5)
 
@@ -82,7 +74,7 @@ def test_a_predicted_turn_is_worth_more_than_an_unpredicted_one_at_the_same_gap(
 
 
 def test_a_turn_overdue_loses_its_chance():
-    clock = Clock()
+    clock = ManualClock()
     held = Held(holding("a", 2000, clock), clock.now, gap_s=10.0, confidence=1.0)
 
     assert held.chance(clock.now + 10) == 1.0
@@ -91,7 +83,7 @@ def test_a_turn_overdue_loses_its_chance():
 
 
 def test_the_value_is_seconds_saved_per_byte_second():
-    clock = Clock()
+    clock = ManualClock()
     held = Held(holding("a", 2000, clock), clock.now, gap_s=4.0, confidence=1.0)
     # 2000 tokens recompute in 1 s, held 4 s at 200 kB: 1 / 800 000 s per byte-second.
     assert value(held, clock.now) == pytest.approx(1.0 / (2000 * 100.0 * 4.0))
@@ -101,7 +93,7 @@ def test_the_value_is_seconds_saved_per_byte_second():
 
 
 def test_a_holding_that_does_not_fit_releases_the_least_valuable():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)  # 10 000-token engine: 5 000 for holdings
     assert ledger.add(holding("far", 2000, clock), next_turn_s=300.0) == []
     assert ledger.add(holding("soon", 2000, clock), next_turn_s=2.0) == []
@@ -114,7 +106,7 @@ def test_a_holding_that_does_not_fit_releases_the_least_valuable():
 
 
 def test_the_new_holding_itself_goes_when_it_is_worth_least():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("a", 2000, clock), next_turn_s=2.0)
     ledger.add(holding("b", 2000, clock), next_turn_s=3.0)
@@ -126,7 +118,7 @@ def test_the_new_holding_itself_goes_when_it_is_worth_least():
 
 
 def test_holdings_occupy_whole_blocks():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     blocks = {**CAPACITY, "agentkv_hash_block_size": 16}
     ledger.add(Holding("a", URL, "m", blocks, 310, clock.now + 600, clock.now), 60.0)
@@ -139,7 +131,7 @@ def test_holdings_occupy_whole_blocks():
 
 
 def test_the_budget_is_the_configured_share_of_the_reported_capacity():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock, retained_fraction=0.3)
     ledger.add(holding("a", 100, clock), next_turn_s=1.0)
 
@@ -152,7 +144,7 @@ def test_the_budget_is_the_configured_share_of_the_reported_capacity():
 
 
 def test_without_a_known_capacity_nothing_is_shed():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     unsized = Holding("a", URL, "m", {}, 50_000, clock.now + 600, clock.now)
 
@@ -161,7 +153,7 @@ def test_without_a_known_capacity_nothing_is_shed():
 
 
 def test_the_configured_capacity_serves_engines_that_report_none():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock, engine_tokens=1000)
     ledger.add(Holding("a", URL, "m", {}, 400, clock.now + 600, clock.now), next_turn_s=300.0)
 
@@ -171,7 +163,7 @@ def test_the_configured_capacity_serves_engines_that_report_none():
 
 
 def test_a_disabled_ledger_only_counts():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock, enabled=False)
     for session in "abcd":
         assert ledger.add(holding(session, 2000, clock), next_turn_s=300.0) == []
@@ -179,7 +171,7 @@ def test_a_disabled_ledger_only_counts():
 
 
 def test_a_newer_holding_of_a_session_replaces_its_old_one():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("a", 2000, clock), next_turn_s=2.0)
     ledger.add(holding("a", 3000, clock), next_turn_s=2.0)
@@ -191,7 +183,7 @@ def test_a_newer_holding_of_a_session_replaces_its_old_one():
 
 
 def test_a_live_turn_that_does_not_fit_beside_the_holdings_makes_them_yield():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
@@ -204,7 +196,7 @@ def test_a_live_turn_that_does_not_fit_beside_the_holdings_makes_them_yield():
 
 
 def test_running_steps_count_against_the_room():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
@@ -218,7 +210,7 @@ def test_running_steps_count_against_the_room():
 def test_steps_sent_with_a_ticket_count_at_their_own_size_until_recorded():
     """Found by the connector's waits for blocks on the pressure preset: several large steps
     at once on a decode engine outgrew the mean step size the rule counted them at."""
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
@@ -237,7 +229,7 @@ def test_steps_sent_with_a_ticket_count_at_their_own_size_until_recorded():
 
 def test_a_step_reserved_but_not_yet_sent_counts_against_the_next():
     # Two turns that make room before either is in flight (running 0 for both).
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     assert ledger.make_room(URL, 4000, running=0, step="a") == []  # 2000 + 4001 fit
@@ -248,7 +240,7 @@ def test_a_step_reserved_but_not_yet_sent_counts_against_the_next():
 
 
 def test_a_reservation_whose_end_was_never_seen_is_forgotten():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     ledger.make_room(URL, 4000, running=0, step="lost")  # its step failed: no holding came
@@ -264,7 +256,7 @@ def test_a_reservation_whose_end_was_never_seen_is_forgotten():
 def test_a_holding_recorded_after_a_step_made_room_leaves_that_room_to_the_step():
     """A decode step's prefill goes in slices, claiming blocks over many engine steps: a
     holding recorded meanwhile, within the budget, must not take what the step still needs."""
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     assert ledger.add(holding("a", 2000, clock), next_turn_s=300.0) == []
     assert ledger.make_room(URL, 6000, running=0, step="t1") == []  # 2000 + 6001 fit
@@ -281,7 +273,7 @@ def test_a_holding_taken_for_a_pull_occupies_its_engine_until_read():
     """Found on the pressure preset: a pull queued 7.5 s behind cold prompts on the prefill
     engine kept its holding's blocks on the decode engine, uncounted, while three decode steps
     waited for blocks beside holdings."""
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     pulled = holding("pulled", 2000, clock)
@@ -298,7 +290,7 @@ def test_a_holding_taken_for_a_pull_occupies_its_engine_until_read():
 
 
 def test_a_pull_whose_end_was_never_seen_is_forgotten():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
     ledger.pull_started(holding("pulled", 2000, clock))
@@ -315,7 +307,7 @@ def test_a_pull_whose_end_was_never_seen_is_forgotten():
 def test_expired_holdings_are_forgotten_and_abandoned_ones_kept_while_there_is_room():
     """Found on the pressure preset: released at once, a holding silent for 10 x a 0.3 s hint
     + 30 s lost its reuse 0.2 s before a 33.2 s tool call ended, with the engine not full."""
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)  # abandoned after 3 x gap + 5 s
     ledger.add(holding("gone", 100, clock, expires_in=10.0), next_turn_s=60.0)
     ledger.add(holding("quiet", 100, clock), next_turn_s=5.0)
@@ -330,7 +322,7 @@ def test_expired_holdings_are_forgotten_and_abandoned_ones_kept_while_there_is_r
 
 
 def test_an_abandoned_holding_goes_before_any_other_when_room_is_needed():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     ledger.add(holding("quiet", 2000, clock), next_turn_s=5.0)
     ledger.add(holding("far", 2000, clock), next_turn_s=3000.0)
@@ -349,7 +341,7 @@ def test_an_abandoned_holding_goes_before_any_other_when_room_is_needed():
 def test_a_holding_without_a_client_hint_is_never_abandoned():
     """Its gap is a guess from the fleet or from its own last gap (tool gaps are heavy-tailed):
     a slow tool is not an abandoned agent. Its value decays with the silence instead."""
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     fast = holding("fast", 100, clock)
     ledger.add(fast, next_turn_s=None)
@@ -367,7 +359,7 @@ def test_a_holding_without_a_client_hint_is_never_abandoned():
 
 
 def test_a_session_end_is_counted_once():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     ledger.add(holding("a", 100, clock), next_turn_s=5.0)
 
@@ -379,7 +371,7 @@ def test_a_session_end_is_counted_once():
 
 
 def test_a_measured_gap_predicts_the_next_turn_without_a_hint():
-    clock = Clock()
+    clock = ManualClock()
     ledger, _ = ledger_with(clock)
     first = holding("a", 100, clock)
     ledger.add(first, next_turn_s=None)
@@ -395,7 +387,7 @@ def test_a_measured_gap_predicts_the_next_turn_without_a_hint():
 
 
 def test_a_turn_that_finds_its_holding_gone_for_pressure_counts_as_lost_reuse():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     ledger.add(holding("far", 3000, clock), next_turn_s=300.0)
     ledger.add(holding("soon", 3000, clock), next_turn_s=2.0)  # "far" goes
@@ -411,13 +403,13 @@ def test_a_turn_that_finds_its_holding_gone_for_pressure_counts_as_lost_reuse():
 # -- a host tier below the engine's KV cache keeps what was released for room ----------------------
 
 
-def host_tier_holding(session: str, tokens: int, clock: Clock, host_tokens: int) -> Holding:
+def host_tier_holding(session: str, tokens: int, clock: ManualClock, host_tokens: int) -> Holding:
     params = {"remote_request_id": f"req-{session}", "agentkv_host_tier_tokens": host_tokens}
     return Holding(session, URL, "m", {**params, **CAPACITY}, tokens, clock.now + 600, clock.now)
 
 
 def test_a_holding_released_for_room_on_an_engine_with_a_host_tier_is_found_there():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     far = host_tier_holding("far", 3000, clock, host_tokens=50_000)
     ledger.add(far, next_turn_s=300.0)
@@ -430,7 +422,7 @@ def test_a_holding_released_for_room_on_an_engine_with_a_host_tier_is_found_ther
 
 
 def test_the_host_tier_keeps_the_newest_released_kv_that_fits_it():
-    clock = Clock()
+    clock = ManualClock()
     ledger, metrics = ledger_with(clock)
     # Two holdings of 3,000 tokens go for room, one after the other, into a tier of 4,000.
     for name, next_turn_s in [("a", 300.0), ("b", 2.0), ("c", 1.0)]:

@@ -18,7 +18,7 @@ from agentkv_server.router import (
 from agentkv_server.router.placement import StepTimes
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
-from agentkv_server.testing.harness import conversation, words
+from agentkv_server.testing.harness import conversation, plan_reason, tool_result
 
 NOW = 1000.0
 LOCAL_ON = {"enabled": True}
@@ -106,6 +106,20 @@ def test_over_the_stall_budget_a_turn_still_goes_local_when_p_would_keep_it_wait
     assert decision.added_itl_s == pytest.approx(0.15)
     crowded = TurnLoad(300, holder_running=40, prefill_wait_s=5.0)  # 6 s added
     assert policy.decide(held(3000), NOW, crowded).reason == "stall_over_budget"
+
+
+def test_over_the_stall_budget_only_ps_queue_is_held_against_the_budget():
+    """Found on the two-decoder bench: with P idle, pulls of 4k-token histories from the busy
+    holder took ~2 s against ~1.3 s local, and counting those seconds sent 9 of 12 such
+    follow-ups local over the budget; the decoders' TPOT p99 went from 1.46x to 2.27x
+    recompute's. A pull's own time is what the budget already weighs."""
+    policy = cost_model(max_stall_s=0.1)  # 300 new tokens in one step: 0.15 s added per step
+    for _ in range(30):  # pulls of 3000 held tokens from a busy holder take 3 s
+        policy.observe(PrefillSample(300, 3000, 3.0, holder_busy=True))
+    idle_p = TurnLoad(300, holder_running=2)  # 0.3 s added in all, ~2 s saved by P's path
+    assert policy.decide(held(3000), NOW, idle_p).reason == "stall_over_budget"
+    queued = TurnLoad(300, holder_running=2, prefill_wait_s=1.0)
+    assert policy.decide(held(3000), NOW, queued).reason == "local_over_budget"
 
 
 def busy(new_tokens: int) -> TurnLoad:
@@ -310,11 +324,6 @@ def test_other_policies_never_go_local(policy, path):
 # -- through the router ------------------------------------------------------------------
 
 
-def tool_result(history: list[dict], n_words: int) -> list[dict]:
-    return [*history, {"role": "assistant", "content": "w0 w1 w2 w3"},
-            {"role": "tool", "content": words(n_words, "t")}]  # fmt: skip
-
-
 async def test_follow_up_goes_local_without_prefill_or_transfer(make_router, caplog):
     caplog.set_level(logging.DEBUG, logger="agentkv_server.router.orchestrator")
     router = await make_router(local=LOCAL_ON)
@@ -362,13 +371,6 @@ async def test_long_tool_result_is_pulled_to_prefill(make_router):
     assert plan_reason(response) == "new_part_too_long"
     decisions = 'agentkv_path_decisions_total{path="reuse",reason="new_part_too_long"}'
     assert await router.metric(decisions) == 1
-
-
-def plan_reason(response) -> str:  # type: ignore[no-untyped-def]
-    """The ``desc`` of the plan step in a response's ``Server-Timing``."""
-    plan = response.headers["server-timing"].split(",")[0].strip()
-    assert plan.startswith("plan;dur=")
-    return plan.partition(";desc=")[2].strip('"')
 
 
 async def held_session(router):  # type: ignore[no-untyped-def]

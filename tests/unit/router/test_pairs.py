@@ -11,26 +11,20 @@ from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.pairs import PairHealth, take_kv_load
 from agentkv_server.router.placement import EnginePool
 from agentkv_server.settings import PairSettings, load_settings
-from agentkv_server.testing import InProcessRouter, conversation
+from agentkv_server.testing import InProcessRouter, ManualClock, conversation
 
 P, P2 = "http://p0", "http://p1"
 D1, D2 = "http://d1", "http://d2"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def health(clock: Clock, metrics: RouterMetrics | None = None, **settings: float) -> PairHealth:
+def health(
+    clock: ManualClock, metrics: RouterMetrics | None = None, **settings: float
+) -> PairHealth:
     return PairHealth(PairSettings(**settings), metrics=metrics, clock=clock)
 
 
 def test_a_failed_transfer_makes_the_pair_bad_until_its_retry_time() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pairs = health(clock)
 
     pairs.record(P, D1, ok=False)
@@ -45,7 +39,7 @@ def test_a_failed_transfer_makes_the_pair_bad_until_its_retry_time() -> None:
 
 
 def test_failures_in_a_row_double_the_wait_up_to_the_maximum() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pairs = health(clock)
     waits = []
     for _ in range(7):
@@ -59,7 +53,7 @@ def test_failures_in_a_row_double_the_wait_up_to_the_maximum() -> None:
 
 
 def test_one_good_transfer_makes_a_bad_pair_good_at_once() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pairs = health(clock)
     for _ in range(3):
         pairs.record(P, D1, ok=False)
@@ -77,7 +71,7 @@ def decode_pool() -> EnginePool:
 
 
 def test_a_decode_engine_whose_pair_with_p_is_bad_is_avoided() -> None:
-    pairs = health(Clock())
+    pairs = health(ManualClock())
     pool = decode_pool()
     pairs.record(P, D1, ok=False)
 
@@ -90,7 +84,7 @@ def test_a_decode_engine_whose_pair_with_p_is_bad_is_avoided() -> None:
 
 
 def test_a_bad_pair_is_used_when_no_good_pair_exists() -> None:
-    pairs = health(Clock())
+    pairs = health(ManualClock())
     pool = decode_pool()
     pairs.record(P, D1, ok=False)
     pairs.record(P, D2, ok=False)
@@ -100,7 +94,7 @@ def test_a_bad_pair_is_used_when_no_good_pair_exists() -> None:
 
 
 def test_engine_health_comes_before_pair_health() -> None:
-    pairs = health(Clock())
+    pairs = health(ManualClock())
     pool = decode_pool()
     pairs.record(P, D2, ok=False)
     pool.get(D1).healthy = False  # D1 forms the good pair but is down
@@ -111,7 +105,7 @@ def test_engine_health_comes_before_pair_health() -> None:
 
 
 def test_a_pair_past_its_retry_time_gets_one_turn_per_wait() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pairs = health(clock)
     pool = decode_pool()
     pairs.record(P, D1, ok=False)
@@ -132,7 +126,7 @@ def test_a_pair_past_its_retry_time_gets_one_turn_per_wait() -> None:
 
 
 def test_a_prefill_engine_is_picked_by_its_pair_with_the_holder() -> None:
-    pairs = health(Clock())
+    pairs = health(ManualClock())
     pool = EnginePool("prefill", [P, P2])
     pairs.record(P, D1, ok=False)
 
@@ -157,7 +151,7 @@ def test_the_outcome_is_read_from_params_and_taken_out_of_them() -> None:
 
 def test_a_ticketed_step_counts_once_from_its_answer_or_its_report() -> None:
     metrics = RouterMetrics()
-    pairs = health(Clock(), metrics)
+    pairs = health(ManualClock(), metrics)
     pairs.expect("t1", P, D1)
 
     pairs.record_ticket("t1", loaded("failed"))  # the answer
@@ -171,7 +165,9 @@ def test_a_ticketed_step_counts_once_from_its_answer_or_its_report() -> None:
 
 def test_metrics_show_each_pairs_health_and_transfers() -> None:
     metrics = RouterMetrics()
-    pairs = PairHealth(PairSettings(), metrics=metrics, pairs=[(P, D1), (P, D2)], clock=Clock())
+    pairs = PairHealth(
+        PairSettings(), metrics=metrics, pairs=[(P, D1), (P, D2)], clock=ManualClock()
+    )
 
     def healthy(decode: str) -> float | None:
         return metrics.registry.get_sample_value(
@@ -216,7 +212,7 @@ async def turn_on(router: InProcessRouter, **body: Any) -> int:
 
 async def test_turns_avoid_a_pair_whose_reads_fail_then_retry_it_and_recover(make_router):
     router = await make_router(n_decode=2)
-    clock = Clock()
+    clock = ManualClock()
     router.state.orchestrator.pairs.clock = clock
     d1 = router.decode[0]
     d1.kv_load_fails = True

@@ -5,23 +5,16 @@ from __future__ import annotations
 import pytest
 
 from agentkv_server.router.sessions import Holding, InMemoryStore, Ticket, holding_from_params
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from agentkv_server.testing import ManualClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def store(clock: Clock) -> InMemoryStore:
+def store(clock: ManualClock) -> InMemoryStore:
     return InMemoryStore(max_sessions=2, ticket_ttl_s=30.0, clock=clock)
 
 
@@ -59,7 +52,9 @@ async def test_lru_eviction_returns_the_evicted(store: InMemoryStore):
     assert await store.count() == 2
 
 
-async def test_expired_holdings_are_neither_taken_nor_counted(store: InMemoryStore, clock: Clock):
+async def test_expired_holdings_are_neither_taken_nor_counted(
+    store: InMemoryStore, clock: ManualClock
+):
     await store.offer(holding(expires_at=1010.0))
     clock.now = 1010.0
     assert await store.count() == 0
@@ -74,7 +69,7 @@ async def test_end_refuses_turns_issued_before_it(store: InMemoryStore):
     assert await store.offer(holding(issued_at=6.0)) == []
 
 
-async def test_tickets_pop_once_and_expire(store: InMemoryStore, clock: Clock):
+async def test_tickets_pop_once_and_expire(store: InMemoryStore, clock: ManualClock):
     ticket = Ticket("t", "s", "http://d", "m", 1000.0, 60.0)
     await store.add_ticket(ticket)
     assert await store.pop_ticket("t") == ticket

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -24,6 +23,7 @@ from agentkv_server.router.pairs import PairHealth
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import ReusePolicy
 from agentkv_server.router.sessions import Holding
+from agentkv_server.router.tokens import PromptSizes
 from agentkv_server.router.turn import Turn
 from agentkv_server.router.upstream import (
     DecodeStream,
@@ -87,6 +87,8 @@ class Services:
     block_waits: BlockWaitTally = field(init=False)
     watchdog: Watchdog = field(init=False)
     timeouts: StepTimeouts = field(init=False)
+    prompt_sizes: PromptSizes = field(init=False, default_factory=PromptSizes)
+    """What a prompt no engine has counted yet is expected to come to."""
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -162,22 +164,38 @@ class Services:
         *,
         stall_s: float | None = None,
         probe_first: bool = True,
+        queued_tokens: int | None = None,
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog (which
-        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run)."""
+        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run). With
+        ``queued_tokens`` (the tokens it is expected to compute), it is also in the engine's
+        queue (placement.StepQueue), and its answer teaches the queue its service time."""
         engine.request_started()  # as engine.busy(), without a generator per step
-        began = time.monotonic()
         try:
-            answer = await self.watchdog.run(
-                engine,
-                post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
-                stall_s=stall_s,
-                probe_first=probe_first,
-            )
-            engine.observe_step(time.monotonic() - began)
-            return answer
+            if queued_tokens is None:
+                return await self._post(turn, engine, body, timeout, stall_s, probe_first)
+            with engine.queue.step(queued_tokens) as step:
+                answer = await self._post(turn, engine, body, timeout, stall_s, probe_first)
+                engine.queue.served(step, _computed_tokens(turn, answer))
+                return answer
         finally:
             engine.request_finished()
+
+    async def _post(
+        self,
+        turn: Turn,
+        engine: Engine,
+        body: dict[str, Any],
+        timeout: Timeout,
+        stall_s: float | None,
+        probe_first: bool,
+    ) -> dict[str, Any]:
+        return await self.watchdog.run(
+            engine,
+            post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
+            stall_s=stall_s,
+            probe_first=probe_first,
+        )
 
     async def open_stream(
         self, turn: Turn, engine: Engine, body: dict[str, Any], *, probe_first: bool = True
@@ -235,3 +253,11 @@ class Services:
             self.pairs.record_ticket(ticket, params)
         else:
             self.pairs.record_params(source, engine.url, params)
+
+
+def _computed_tokens(turn: Turn, answer: dict[str, Any]) -> int | None:
+    """The prompt tokens a step computed, by its answer's usage (None when it has none)."""
+    usage = turn.wire.prompt_usage(answer)
+    if usage.prompt_tokens is None:
+        return None
+    return max(usage.prompt_tokens - (usage.cached_tokens or 0), 0)

@@ -89,18 +89,37 @@ class PrefillAttempt(Attempt[Prefilled]):
         # busy P it waits its turn behind other prompts (docs/router.md, "Failure handling").
         settings = services.settings
         stall_s = min(settings.timeouts.pull_s, settings.faults.stall_s) if pulling else None
-        answer = await services.post(turn, engine, body, services.timeouts.prefill, stall_s=stall_s)
+        answer = await services.post(
+            turn,
+            engine,
+            body,
+            services.timeouts.prefill,
+            stall_s=stall_s,
+            queued_tokens=self._tokens_to_compute(pulling),
+        )
         seconds = time.monotonic() - began
         pulled_from = plan.holding if pulling else None
         pulled = account_prefill(
             turn, services.policy, answer, pulled_from, seconds, plan.holder_running > 0
         )
+        if turn.prompt_tokens is not None:
+            services.prompt_sizes.observe(turn.request, turn.prompt_tokens)
         returned = answer.get(wire.KV_TRANSFER_PARAMS)
         # How P's pull from the holder went, and P's wait for blocks (taken out: D must not
         # take them for its own).
         services.pairs.record_params(engine.url, plan.holder_url if pulling else None, returned)
         services.block_waits.record(engine.role, returned)
         return Prefilled(returned if isinstance(returned, dict) else {}, engine.url, pulled)
+
+    def _tokens_to_compute(self, pulling: bool) -> int:
+        """What P is expected to compute: the prompt as the holder counted it, else as its
+        size suggests, less the holding a pull brings."""
+        plan = self._plan
+        prompt = plan.prompt_tokens
+        if prompt is None:
+            prompt = self.services.prompt_sizes.estimate(self.turn.request)
+        held = plan.holding.num_tokens if pulling and plan.holding is not None else 0
+        return max(prompt - held, 0)
 
     def stalled(self, failure: EngineFailure) -> bool:
         # A pulling step out of time or progress has stalled on the KV path (a holder that
