@@ -324,7 +324,7 @@ class CostModelPolicy:
         7-12 s, where a local turn took ~1 s and slowed each of two or three running
         sequences by a few tenths of a second for three steps. Only those seconds are held
         against it, not a pull's own (docs/router.md, "Three paths"): counted whole, they
-        sent 9 of 12 follow-ups at 4k tokens local over the budget beside two decoding
+        sent 9 of 18 follow-ups at 4k tokens local over the budget beside two decoding
         sessions with P idle, and the decoders' TPOT p99 from 1.46x to 2.27x recompute's."""
         others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
         return saved_s > others_s

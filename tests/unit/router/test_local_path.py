@@ -110,7 +110,7 @@ def test_over_the_stall_budget_a_turn_still_goes_local_when_p_would_keep_it_wait
 
 def test_over_the_stall_budget_only_ps_queue_is_held_against_the_budget():
     """Found on the two-decoder bench: with P idle, pulls of 4k-token histories from the busy
-    holder took ~2 s against ~1.3 s local, and counting those seconds sent 9 of 12 such
+    holder took ~2 s against ~1.3 s local, and counting those seconds sent 9 of 18 such
     follow-ups local over the budget; the decoders' TPOT p99 went from 1.46x to 2.27x
     recompute's. A pull's own time is what the budget already weighs."""
     policy = cost_model(max_stall_s=0.1)  # 300 new tokens in one step: 0.15 s added per step
