@@ -319,5 +319,6 @@ def _add_routes(app: FastAPI) -> None:
     @app.get(METRICS_PATH)
     async def metrics(request: Request) -> Response:
         state = _state(request)
-        text = state.metrics.render(await state.store.count(), state.ledger.figures())
+        queues = [(engine.url, engine.backlog_s) for engine in state.prefill.engines]
+        text = state.metrics.render(await state.store.count(), state.ledger.figures(), queues)
         return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -24,6 +24,8 @@
 - ``agentkv_engine_blocks_wait_seconds{role,beside="retained|running"}`` (histogram: how long
   engine requests waited for KV blocks before they were admitted, as the engines reported it;
   ``retained`` where holdings that had not been released were in the way: blockwaits.py)
+- ``agentkv_prefill_queue_seconds{engine}`` (gauge, refreshed at each scrape: the service a
+  prefill engine's steps in flight still need, as the router predicts it: placement.StepQueue)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -185,6 +187,13 @@ class RouterMetrics:
             buckets=_ITL_BUCKETS,
             registry=self.registry,
         )
+        self.prefill_queue = Gauge(
+            "agentkv_prefill_queue_seconds",
+            "Seconds of service a prefill engine's steps in flight still need, as predicted "
+            "from the tokens each computes (what a pull or a recompute would wait).",
+            ["engine"],
+            registry=self.registry,
+        )
         self._decisions: dict[tuple[KVPath, str], Counter] = {}
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
@@ -251,8 +260,15 @@ class RouterMetrics:
         self.reuse_lost_to_pressure.inc()
         self.reuse_lost_to_pressure_tokens.inc(tokens)
 
-    def render(self, sessions_held: int, engines_kv: Iterable[EngineKVFigures] = ()) -> bytes:
+    def render(
+        self,
+        sessions_held: int,
+        engines_kv: Iterable[EngineKVFigures] = (),
+        prefill_queues: Iterable[tuple[str, float]] = (),
+    ) -> bytes:
         self.sessions_held.set(sessions_held)
+        for url, seconds in prefill_queues:
+            self.prefill_queue.labels(engine=url).set(seconds)
         for kv in engines_kv:
             self.kv_held_tokens.labels(engine=kv.url).set(kv.held_tokens)
             if kv.held_bytes is not None:

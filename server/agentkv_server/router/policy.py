@@ -325,7 +325,8 @@ class CostModelPolicy:
         sequences by a few tenths of a second for three steps. Only those seconds are held
         against it, not a pull's own (docs/router.md, "Three paths"): counted whole, they
         sent 9 of 18 follow-ups at 4k tokens local over the budget beside two decoding
-        sessions with P idle, and the decoders' TPOT p99 from 1.46x to 2.27x recompute's."""
+        sessions with P idle, and the decoders' TPOT p99 was 2.27x recompute's (1.46x before
+        the rule)."""
         others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
         return saved_s > others_s
 

@@ -118,6 +118,7 @@ async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_
         long_first_turn = asyncio.create_task(router.chat(conversation(1, 10_000), session="s2"))
         while not prefill.inflight:
             await asyncio.sleep(0.005)
+        queue_s = await router.metric("agentkv_prefill_queue_seconds")
         second = tool_result(first, 200)
         queued_p = await router.chat(tool_result(second, 200), session="s1")
         await long_first_turn
@@ -132,6 +133,8 @@ async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_
         "local",
         "local_over_budget",
     )
+    assert 0.5 < queue_s < 2.0  # as scraped: the 10,000-token turn's ~1 s, and visible
+    assert await router.metric("agentkv_prefill_queue_seconds") == 0.0  # once it is served
 
 
 def test_a_step_goes_to_the_prefill_engine_with_the_shortest_queue_not_the_fewest_steps(

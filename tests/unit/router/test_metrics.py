@@ -10,6 +10,7 @@ NAMES = (
     "agentkv_recomputed_tokens_total",
     "agentkv_ttft_seconds",
     "agentkv_sessions_held",
+    "agentkv_prefill_queue_seconds",
     "agentkv_engine_errors_total",
 )
 
