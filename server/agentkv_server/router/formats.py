@@ -17,6 +17,8 @@ from agentkv_server import wire
 from agentkv_server.router.errors import RouterError
 
 __all__ = [
+    "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "OUTPUT_LIMIT_FIELDS",
     "Endpoint",
     "PromptUsage",
     "StreamEditor",
@@ -30,6 +32,10 @@ Endpoint = Literal["chat", "completion", "responses"]
 
 # Fields that make no sense for a one-token prefill step (min_tokens > 1 would even be refused).
 _PREFILL_DROPPED = ("stream_options", "min_tokens")
+# Where chat and completions bodies bound the answer's length, and the bound completions have
+# when neither is given (OpenAI's and vLLM's default for /v1/completions).
+OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _SSE_DONE = b"data: [DONE]"
 # The Responses API's last streamed event; vLLM puts the decode step's kv_transfer_params in it.
 _RESPONSES_FINAL_EVENTS = frozenset(
@@ -77,6 +83,9 @@ class WireFormat(Protocol):
 
     def prefill_body(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         """The body of a one-token, non-streamed prefill step carrying ``params``."""
+
+    def output_limit(self, body: dict[str, Any]) -> int | None:
+        """The most tokens the answer may have (None: only the model's context bounds it)."""
 
     def prompt_usage(self, answer: dict[str, Any]) -> PromptUsage: ...
 
@@ -210,6 +219,13 @@ class _Completions:
     def prefill_body(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         return _completions_prefill(body, params)
 
+    def output_limit(self, body: dict[str, Any]) -> int | None:
+        limits = [_positive_or_none(body.get(name)) for name in OUTPUT_LIMIT_FIELDS]
+        given = [limit for limit in limits if limit is not None]
+        if given:
+            return min(given)
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.endpoint == "completion" else None
+
     def prompt_usage(self, answer: dict[str, Any]) -> PromptUsage:
         return _completions_usage(answer)
 
@@ -256,6 +272,9 @@ class _Responses:
     def prefill_body(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         return {**body, "stream": False, "max_output_tokens": 1, wire.KV_TRANSFER_PARAMS: params}
 
+    def output_limit(self, body: dict[str, Any]) -> int | None:
+        return _positive_or_none(body.get("max_output_tokens"))
+
     def prompt_usage(self, answer: dict[str, Any]) -> PromptUsage:
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
         details = usage.get("input_tokens_details")
@@ -281,3 +300,8 @@ def wire_format(endpoint: Endpoint) -> WireFormat:
 
 def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _positive_or_none(value: object) -> int | None:
+    number = _int_or_none(value)
+    return number if number is not None and number > 0 else None

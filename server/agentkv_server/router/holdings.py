@@ -177,7 +177,8 @@ class HoldingKeeper:
         awaited = self._unrecorded.pop(ticket_id, None)
         shared = ticket_id not in self._own_tickets
         if self._ledger is not None:
-            self._ledger.step_ended(ticket_id)
+            recorded = params.get(wire.REMOTE_NUM_TOKENS)
+            self._ledger.step_ended(ticket_id, recorded if isinstance(recorded, int) else None)
         try:
             ticket = await self._pop_ticket(ticket_id)
             holding = None if ticket is None else await self._record(ticket, params)
@@ -213,17 +214,24 @@ class HoldingKeeper:
         return None if holding in victims else holding
 
     async def make_room(
-        self, decode_url: str, tokens: int, running: int, step: str | None = None
+        self,
+        decode_url: str,
+        tokens: int,
+        running: int,
+        step: str | None = None,
+        output_limit: int | None = None,
     ) -> list[Holding]:
-        """Before a decode step of ``tokens`` beside ``running`` others: the least valuable
-        holdings the step would not fit beside, taken out of the store for the step to release
-        (``agentkv_release`` with the step: the engine frees them as it arrives, before it
-        waits for blocks; a release of their own waited for blocks itself, 1-1.9 s on the
-        pressure preset). If the step fails, :meth:`release_soon` them. A step with a ticket
-        (``step``) keeps its room reserved until its KV is recorded."""
+        """Before a decode step of ``tokens`` (and an answer of at most ``output_limit``)
+        beside ``running`` others: the least valuable holdings the step would not fit beside,
+        taken out of the store for the step to release (``agentkv_release`` with the step: the
+        engine frees them as it arrives, before it waits for blocks; a release of their own
+        waited for blocks itself, 1-1.9 s on the pressure preset). If the step fails,
+        :meth:`release_soon` them. A step with a ticket (``step``) keeps its room reserved
+        until its KV is recorded."""
         if self._ledger is None or not self._releases_enabled:
             return []
-        return await self._take_out(self._ledger.make_room(decode_url, tokens, running, step))
+        victims = self._ledger.make_room(decode_url, tokens, running, step, output_limit)
+        return await self._take_out(victims)
 
     @contextlib.contextmanager
     def released_if_failed(self, releases: list[Holding]) -> Iterator[None]:

@@ -30,7 +30,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv_server.router.formats import Endpoint
+from agentkv_server.router.formats import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    OUTPUT_LIMIT_FIELDS,
+    Endpoint,
+)
 
 __all__ = ["Progress", "ResumableStream", "continuation_body", "resumable", "tracked_body"]
 
@@ -39,8 +43,6 @@ _SEPARATOR = b"\n\n"
 # vLLM writes compact JSON; literal replacements keep this at about 1 us per chunk.
 _TOKEN_IDS = re.compile(rb'"token_ids":\[[^\]]*\]')
 _PROMPT_TOKEN_IDS = re.compile(rb'"prompt_token_ids":\[[^\]]*\]')
-_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
-_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
 
 def resumable(endpoint: Endpoint, body: dict[str, Any]) -> bool:
@@ -132,14 +134,14 @@ def continuation_body(body: dict[str, Any], progress: Progress) -> dict[str, Any
         prompt = body["prompt"] if isinstance(body["prompt"], list) else progress.prompt_token_ids
         assert prompt is not None
         continued.update(prompt=[*prompt, *progress.token_ids], return_token_ids=True)
-        continued.setdefault("max_tokens", _COMPLETIONS_DEFAULT_MAX_TOKENS)
+        continued.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     else:
         continued.update(
             messages=_with_partial_answer(body, "".join(progress.text)),
             continue_final_message=True,
             add_generation_prompt=False,
         )
-    for name in _LIMIT_FIELDS:
+    for name in OUTPUT_LIMIT_FIELDS:
         if isinstance(limit := continued.get(name), int):
             if limit - sent < 1:
                 return None

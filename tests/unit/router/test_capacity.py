@@ -227,6 +227,32 @@ def test_steps_sent_with_a_ticket_count_at_their_own_size_until_recorded():
     assert ledger.make_room(URL, 3000, running=0) == []  # 5000 held + 3001: t1 is gone
 
 
+def test_a_step_counts_the_answer_it_may_grow_by():
+    """A running step that decodes past its prompt's last block takes one more beside the
+    holdings: with 32-token answers and 128-token blocks, a quarter of the steps do."""
+    clock = ManualClock()
+    ledger, _ = ledger_with(clock)
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
+
+    assert ledger.make_room(URL, 5900, running=0) == []  # nothing says how long: 4000 + 5901
+    victims = ledger.make_room(URL, 5900, running=0, output_limit=200)  # 4000 + 6100
+
+    assert [victim.session_key for victim in victims] == ["far"]
+
+
+def test_a_step_without_a_limit_counts_twice_the_answers_recorded_so_far():
+    clock = ManualClock()
+    ledger, _ = ledger_with(clock)
+    ledger.make_room(URL, 1000, running=0, step="t1")
+    ledger.step_ended("t1", recorded_tokens=1031)  # a 32-token answer: 1000 + 32 - 1 held
+    ledger.add(holding("far", 2000, clock), next_turn_s=300.0)
+    ledger.add(holding("soon", 2000, clock), next_turn_s=2.0)
+
+    assert ledger.make_room(URL, 5950, running=0, output_limit=16) == []  # 4000 + 5966
+    assert ledger.make_room(URL, 5950, running=0) != []  # 4000 + 5950 + 2 x 32 > 10 000
+
+
 def test_a_step_reserved_but_not_yet_sent_counts_against_the_next():
     # Two turns that make room before either is in flight (running 0 for both).
     clock = ManualClock()
@@ -632,6 +658,23 @@ async def test_a_decode_step_that_would_not_fit_beside_holdings_releases_them_fi
     assert step.kv_params["agentkv_retention_seconds"] == 0  # a sessionless step keeps none
     assert len(decode.completions()) == 3  # the step is a completion, not a release only
     assert await router.metric('agentkv_kv_releases_total{reason="live_turn"}') == 1
+
+
+async def test_a_decode_step_makes_room_for_the_answer_it_may_grow_by(make_router):
+    router = await make_router()
+    decode = router.decode[0]
+    decode.kv_capacity_tokens = 2000
+    await router.chat(conversation(1, 300), session="far", headers=hints(300.0), max_tokens=400)
+    (far_id,) = decode.retained
+
+    # 1010 prompt tokens and a 4-token answer beside the ~710 held fit in 2000; a 400-token
+    # one (max_completion_tokens, the newer name, bounds it as max_tokens does) does not.
+    await router.chat(conversation(1, 1000))
+    assert far_id not in decode.released
+    await router.chat(conversation(1, 1000), max_tokens=None, max_completion_tokens=400)
+    await router.state.keeper.drain()
+
+    assert decode.requests[-1].kv_params["agentkv_release"] == [far_id]
 
 
 async def test_the_holdings_a_failed_decode_step_carried_are_released_on_their_own(make_router):

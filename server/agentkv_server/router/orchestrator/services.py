@@ -119,14 +119,18 @@ class Services:
     ) -> DecodeRequest:
         """``body`` as a decode step on ``engine`` sends it: D's params are P's (None: D
         computes the prompt itself), the retention and the ticket. A step of ``tokens`` (0:
-        unknown) that would not fit beside the engine's holdings releases the least valuable
-        of them; with a ticket, its room stays reserved until its KV is recorded. A local
-        step releases the holding it ``continued`` too: as it arrives, the step shares that
-        holding's blocks (a prefix hit), and released any later, they stayed held while the
-        step waited for room for its new part (on a full engine, three local turns each held
-        their history and waited for the others', 9-11 s, until retention ran out)."""
+        unknown) and its answer that would not fit beside the engine's holdings releases the
+        least valuable of them; with a ticket, its room stays reserved until its KV is
+        recorded. A local step releases the holding it ``continued`` too: as it arrives, the
+        step shares that holding's blocks (a prefix hit), and released any later, they stayed
+        held while the step waited for room for its new part (on a full engine, three local
+        turns each held their history and waited for the others', 9-11 s, until retention ran
+        out)."""
         ticket = await self._issue_ticket(turn, engine, retention_s)
-        releases = await self.keeper.make_room(engine.url, tokens, engine.inflight, ticket)
+        output_limit = turn.wire.output_limit(body)
+        releases = await self.keeper.make_room(
+            engine.url, tokens, engine.inflight, ticket, output_limit
+        )
         if continued is not None:
             releases.append(continued)
         hints = self.policy.sends_hints
