@@ -46,8 +46,10 @@ class DecodingSession:
         client: agentkv.AsyncOpenAI,
         model: str,
         base: DecodeRecord,
+        origin: float,
     ) -> None:
         self._workload = workload
+        self._origin = origin
         self._client = client
         self._model = model
         self._base = base
@@ -71,6 +73,7 @@ class DecodingSession:
     async def _request(self, base: DecodeRecord, stop: asyncio.Event) -> DecodeRecord:
         tokens = self._workload.decode_tokens
         started = time.perf_counter()
+        base = replace(base, sent_s=started - self._origin)
         arrivals: list[float] = []
         try:
             stream = await self._client.chat.completions.create(

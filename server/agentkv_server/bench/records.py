@@ -81,7 +81,9 @@ class DecodeRecord:
     ``gaps_s`` are the client-side times between consecutive streamed chunks after the first:
     the inter-token latency its decoding saw while the agent sessions' turns were served
     beside it. A request still running when the agent sessions finish is cut there
-    (``complete`` False); its gaps so far count.
+    (``complete`` False); its gaps so far count. ``sent_s``: when the request was sent, on the
+    clock of the turns' ``sent_s`` (its chunks arrived at ``sent_s + ttft_s`` plus the gaps so
+    far, which places each gap beside the turns served then).
     """
 
     mode: str
@@ -93,6 +95,7 @@ class DecodeRecord:
     gaps_s: tuple[float, ...] = ()
     complete: bool = False
     error: str | None = None
+    sent_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "gaps_s": list(self.gaps_s)}

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from agentkv_server.bench.gaps import GAP_STEPS, SLOW_GAP_FACTOR, gap_causes
 from agentkv_server.bench.records import BenchResult
 from agentkv_server.bench.stats import BREAKDOWN_STEPS, ModeSummary, Spread, Summary, summarize
 
@@ -94,6 +95,7 @@ def render_markdown(result: BenchResult, summary: Summary) -> str:
         *_trade_table(summary),
         *_breakdown_table(summary),
         *_transfer_table(summary),
+        *_gap_table(result),
     ]
     return "\n".join(lines) + "\n"
 
@@ -228,6 +230,32 @@ def _transfer_table(summary: Summary) -> list[str]:
                 ]
             )
         rows.append(f"| {m.mode} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _gap_table(result: BenchResult) -> list[str]:
+    """What the decoding sessions' slow gaps ran beside (bench/gaps.py)."""
+    causes = gap_causes(result.records, result.decodes)
+    if not causes:
+        return []
+    rows = [
+        "",
+        (
+            f"Decoding sessions' slow gaps (over {SLOW_GAP_FACTOR:g}x the mode's median) by the "
+            "agent turns' steps they overlapped, as slow gaps of all the gaps beside that step: "
+            "a gap counts under each step it overlapped, `none` when it overlapped no step:"
+        ),
+        "",
+        "| mode | slow gaps | over (ms) | their seconds | " + " | ".join(GAP_STEPS) + " | none |",
+        "|---|---:|---:|---:|" + "---:|" * (len(GAP_STEPS) + 1),
+    ]
+    for c in causes:
+        cells = [
+            f"{c.by_step.get(step, 0)} of {c.gaps_by_step.get(step, 0)}"
+            for step in (*GAP_STEPS, "none")
+        ]
+        head = f"| {c.mode} | {c.slow} | {_ms(c.threshold_s)} | {c.slow_s:.1f} | "
+        rows.append(head + " | ".join(cells) + " |")
     return rows
 
 

@@ -126,10 +126,11 @@ class Runner:
                     SessionPlan(index, history, 0.0, tuple(workload.tool_latencies(history, index)))
                     for index in range(workload.sessions)
                 ]
+                origin = time.perf_counter()  # one clock for the turns and the decoders' chunks
                 sessions = functools.partial(
-                    self._sessions, clients, probe, target, repeat, plans, salt, None
+                    self._sessions, clients, probe, target, repeat, plans, salt, None, origin
                 )
-                decoders = self._decoders(clients, target, repeat, history)
+                decoders = self._decoders(clients, target, repeat, history, origin)
                 before = {role: await p.sample() for role, p in transfers.items()}
                 turns, decoded = await run_beside(decoders, sessions)
                 for role, transfer_probe in transfers.items():
@@ -185,18 +186,25 @@ class Runner:
         plans: Sequence[SessionPlan],
         salt: str,
         pressure_sessions: int | None,
+        origin: float | None = None,
     ) -> list[TurnRecord]:
-        """The sessions of one run, at most ``concurrency`` at once; turn times count from the
-        run's start."""
+        """The sessions of one run, at most ``concurrency`` at once; turn times count from
+        ``origin`` (default: the run's start)."""
         slots = asyncio.Semaphore(max(self.workload.concurrency, pressure_sessions or 0))
-        run = _Run(target, repeat, salt, time.perf_counter(), pressure_sessions)
+        started = time.perf_counter() if origin is None else origin
+        run = _Run(target, repeat, salt, started, pressure_sessions)
         by_session = await asyncio.gather(
             *(self._session(clients, probe, slots, run, plan) for plan in plans)
         )
         return [record for records in by_session for record in records]
 
     def _decoders(
-        self, clients: dict[str, agentkv.AsyncOpenAI], target: Target, repeat: int, history: int
+        self,
+        clients: dict[str, agentkv.AsyncOpenAI],
+        target: Target,
+        repeat: int,
+        history: int,
+        origin: float,
     ) -> list[DecodingSession]:
         return [
             DecodingSession(
@@ -205,6 +213,7 @@ class Runner:
                 clients[target.url_for(f"decoder-{index}")],
                 target.model,
                 DecodeRecord(target.mode, repeat, history, index, request=0),
+                origin,
             )
             for index in range(self.workload.decoders)
         ]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentkv_server.bundle.launcher import (
@@ -16,6 +19,7 @@ from agentkv_server.bundle.launcher import (
     ConnectorSpec,
     EngineSpec,
     parse_cores,
+    pin_engine_core,
     pin_unplaced_threads,
 )
 
@@ -199,19 +203,59 @@ def test_unplaced_threads_of_the_whole_tree_are_pinned_and_placed_ones_kept() ->
         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
         "print(child.pid, flush=True); time.sleep(60)\n"
     )
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        child = int(process.stdout.readline())
-        tree = [process.pid, child]
+    with _process_tree(script) as (root, line):
+        tree = [root, int(line)]
         threads = [int(t) for pid in tree for t in os.listdir(f"/proc/{pid}/task")]
 
-        pinned = pin_unplaced_threads(process.pid, {cores[0]})
+        pinned = pin_unplaced_threads(root, {cores[0]})
 
         affinities = sorted(tuple(sorted(os.sched_getaffinity(t))) for t in threads)
         assert pinned == len(threads) - 1
         assert affinities.count((cores[0],)) == len(threads) - 1
         assert affinities.count((cores[-1],)) == 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell apart")
+def test_only_the_engine_core_process_is_pinned_to_its_engines_cores() -> None:
+    """An API server with an engine core child (named as vLLM names it) and a worker child:
+    the engine core's threads are pinned, the rest of the tree still runs anywhere."""
+    everywhere = os.sched_getaffinity(0)
+    core = min(everywhere)
+    engine_core = (
+        "import threading, time\n"
+        "open('/proc/self/comm', 'w').write('VLLM::EngineCore')\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    script = (
+        "import subprocess, sys, time\n"
+        f"core = subprocess.Popen([sys.executable, '-c', {engine_core!r}], stdout=subprocess.PIPE)\n"
+        "core.stdout.readline()\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(core.pid, worker.pid, flush=True); time.sleep(60)\n"
+    )
+    with _process_tree(script) as (root, line):
+        core_pid, worker_pid = map(int, line.split())
+
+        pinned = pin_engine_core(root, {core})
+
+        core_threads = [int(t) for t in os.listdir(f"/proc/{core_pid}/task")]
+        assert pinned == len(core_threads) == 2
+        assert all(os.sched_getaffinity(t) == {core} for t in core_threads)
+        assert os.sched_getaffinity(worker_pid) == everywhere
+        assert os.sched_getaffinity(root) == everywhere
+
+
+@contextlib.contextmanager
+def _process_tree(script: str) -> Iterator[tuple[int, str]]:
+    """Runs ``script`` in a new python process; yields its pid and the first line it prints
+    (once its children are started), and kills it and its children after."""
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.pid, process.stdout.readline()
     finally:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
         process.kill()
         process.wait()
