@@ -322,7 +322,7 @@ def pin_engine_core(pid: int, cores: set[int]) -> int:
     time its worker computes. Left to float, it spins on the other engine's core, where a
     yield does not hand the core to a process of another session (each engine is its own
     scheduling group), and took 37-65 % of a core beside a prefill engine's forward passes;
-    on its own core it yields to its worker and took 3 % (docs/engines.md, "Cores")."""
+    on its own core it yields to its worker and took 3 % (docs/engines.md, "CPU layout")."""
     pinned = 0
     for process in _process_tree(pid):
         if not _name(process).startswith(ENGINE_CORE_NAME):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -175,6 +176,11 @@ async def test_decoding_sessions_stream_beside_the_agent_sessions(
         mine = sorted((d for d in run.decodes if d.decoder == decoder), key=lambda d: d.request)
         assert [d.request for d in mine] == list(range(len(mine)))
         assert all(d.complete for d in mine[:-1])
+        # On the turns' clock: each request sent after the one before it had streamed.
+        for before, after in itertools.pairwise(mine):
+            assert after.sent_s >= before.sent_s + before.ttft_s + sum(before.gaps_s)
+    # The first requests went out before the first turn, on the same clock.
+    assert max(d.sent_s for d in run.decodes if d.request == 0) < min(r.sent_s for r in run.turns)
     # The decoders streamed before the first turn was sent, without a session.
     sent = decode_engine(cluster).completions()
     assert "decoder" in sent[0].body["messages"][0]["content"]
