@@ -22,6 +22,9 @@ from agentkv_server.bench.records import DecodeRecord, TurnRecord
 
 __all__ = ["GAP_STEPS", "SLOW_GAP_FACTOR", "GapCauses", "gap_causes"]
 
+_Step = tuple[str, float, float]  # name, begin, end
+_Gap = tuple[int, int, float, float]  # repeat, history tokens, begin, end
+
 SLOW_GAP_FACTOR = 2.0
 """A gap is slow when it is over this many times its mode's median gap."""
 
@@ -45,17 +48,19 @@ class GapCauses:
 
 def gap_causes(turns: Sequence[TurnRecord], decodes: Sequence[DecodeRecord]) -> list[GapCauses]:
     """Per mode with timed decoding sessions, its slow gaps and the steps beside them."""
-    steps = defaultdict(list)
+    steps: dict[tuple[str, int, int], list[_Step]] = defaultdict(list)
     for turn in turns:
         steps[(turn.mode, turn.repeat, turn.history_tokens)].extend(_steps(turn))
-    gaps_by_mode = defaultdict(list)
+    gaps_by_mode: dict[str, list[_Gap]] = defaultdict(list)
     for record in decodes:
         for begin, end in _gap_spans(record):
             gaps_by_mode[record.mode].append((record.repeat, record.history_tokens, begin, end))
     return [_causes(mode, gaps, steps) for mode, gaps in gaps_by_mode.items() if len(gaps) > 1]
 
 
-def _causes(mode: str, gaps, steps) -> GapCauses:
+def _causes(
+    mode: str, gaps: Sequence[_Gap], steps: dict[tuple[str, int, int], list[_Step]]
+) -> GapCauses:
     threshold = SLOW_GAP_FACTOR * statistics.median(end - begin for *_, begin, end in gaps)
     by_step: dict[str, int] = defaultdict(int)
     gaps_by_step: dict[str, int] = defaultdict(int)
@@ -82,7 +87,7 @@ def _gap_spans(record: DecodeRecord) -> Iterator[tuple[float, float]]:
         at += gap
 
 
-def _steps(turn: TurnRecord) -> Iterable[tuple[str, float, float]]:
+def _steps(turn: TurnRecord) -> Iterable[_Step]:
     """A routed turn's steps on the run's clock; a turn the router did not time has none."""
     if not turn.ok or turn.sent_s is None or turn.plan_s is None or turn.ttft_s is None:
         return ()
