@@ -4,9 +4,9 @@
 router measures on its own steps (exponentially weighted line fits): continuing on the decode
 holder (``local``: the holder prefills only the turn's new tokens), pulling the held tokens to a
 prefill engine, or recomputing them there. Both sides of a busy holder are priced: ``local``
-must keep the inter-token delay it adds to the holder's other sequences within a budget
-(settings.LocalPathSettings) unless it saves the turn more seconds than it adds to them
-together, and a pull's time is learned apart for busy holders, whose reads wait for their
+must save the turn more seconds than it adds to the holder's other sequences together, and
+keep the delay it adds to each of their steps within a budget (settings.LocalPathSettings)
+unless P's queue would cost the turn more than that, and a pull's time is learned apart for busy holders, whose reads wait for their
 decode steps. Holdings that would expire first are not used. It asks decode
 engines to retain KV for as long as the client's hints say the next turn is away.
 ``upstream`` imitates vLLM's example proxy (a fixed 64-token threshold, the engines' fixed
@@ -37,6 +37,7 @@ __all__ = [
     "HOST_TIER",
     "HOST_TIER_OVER_BUDGET",
     "LOCAL_OVER_BUDGET",
+    "LOCAL_SLOWS_OTHERS",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -53,7 +54,11 @@ __all__ = [
 LOCAL_OVER_BUDGET = "local_over_budget"
 """The reason of a local turn over the stall budget whose wait behind P's queue would cost it
 more seconds than its slices add to the holder's running sequences together
-(``CostModelPolicy.stall_pays``)."""
+(``CostModelPolicy.others_delay_s``)."""
+LOCAL_SLOWS_OTHERS = "local_slows_others"
+"""The reason of a pull or a recompute where the local path, though within the stall budget
+and predicted faster, saves the turn fewer seconds than its slices add to the holder's running
+sequences together."""
 HOST_TIER = "host_tier"
 """The reason of a local turn whose history comes back from its engine's host tier."""
 HOST_TIER_OVER_BUDGET = "host_tier_over_budget"
@@ -155,7 +160,8 @@ class ReusePolicy(Protocol):
 
 class CostModelPolicy:
     """The path with the least predicted time to first token, within the holder's TPOT budget
-    (or over it, when that pays: :meth:`stall_pays`).
+    (or over it, when that pays), where a local turn on a busy holder must also save itself
+    more seconds than it adds to the holder's running sequences (:meth:`others_delay_s`).
 
     Prefill steps that pulled nothing fit ``seconds = fixed + per_token * computed``; steps that
     pulled fit the rest of their time, ``seconds - fixed - per_token * computed``, as
@@ -276,12 +282,16 @@ class CostModelPolicy:
             local = self.predicted_local(load)
             refused = self._local_refusal(load, local)
             on_prefill_s = min(pull_s, recompute_s) + wait_s + self.handoff_s
-            if refused is None and local.seconds <= on_prefill_s:
-                return Decision(KVPath.LOCAL, "local_fastest", local.added_itl_s)
-            # Only P's queue is held against the budget: a pull computes the new part alone,
-            # which on its own costs about what the sliced local turn does.
-            saved_s = min(on_prefill_s - local.seconds, wait_s)
-            if refused == "stall_over_budget" and self.stall_pays(load, local, saved_s):
+            saved_s = on_prefill_s - local.seconds
+            others_s = self.others_delay_s(load, local)
+            if refused is None:
+                if saved_s >= others_s:
+                    return Decision(KVPath.LOCAL, "local_fastest", local.added_itl_s)
+                if saved_s >= 0:
+                    refused = LOCAL_SLOWS_OTHERS
+            # Over the budget only P's queue is held against it: a pull computes the new part
+            # alone, which on its own costs about what the sliced local turn does.
+            elif refused == "stall_over_budget" and min(saved_s, wait_s) > others_s:
                 return Decision(KVPath.LOCAL, LOCAL_OVER_BUDGET, local.added_itl_s)
         # The pull reads the holding once P gets to it: it must still be there then.
         if remaining_s < wait_s + read_s + self._cost.expiry_guard_s:
@@ -291,8 +301,9 @@ class CostModelPolicy:
         return Decision(KVPath.PULL, refused or "pull_cheaper")
 
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
-        """Local when predicted faster than recomputing the whole history on P, over the
-        stall budget too when that pays (:meth:`stall_pays`). Loading the history back is a
+        """Local when predicted faster than recomputing the whole history on P by more than
+        its slices add to the holder's running sequences (:meth:`others_delay_s`), over the
+        stall budget too. Loading the history back is a
         memory copy (host to device on a GPU), left out of the estimate: 4 ms for 1,280 tokens
         of the tiny model on the CPU stack (docs/router.md, "Capacity")."""
         if not self._local_settings.enabled:
@@ -305,30 +316,33 @@ class CostModelPolicy:
         on_prefill_s = recompute_s + load.prefill_wait_s + self.handoff_s
         if local.seconds > on_prefill_s:
             return Decision(KVPath.RECOMPUTE, "recompute_cheaper")
+        # The whole history is what P would compute: held against the budget, like a queue.
+        if on_prefill_s - local.seconds < self.others_delay_s(load, local):
+            return Decision(KVPath.RECOMPUTE, refused or LOCAL_SLOWS_OTHERS)
         if refused is None:
             return Decision(KVPath.LOCAL, HOST_TIER, local.added_itl_s)
-        # The whole history is what P would compute: held against the budget, like a queue.
-        saved_s = on_prefill_s - local.seconds
-        if refused == "stall_over_budget" and self.stall_pays(load, local, saved_s):
+        if refused == "stall_over_budget":
             return Decision(KVPath.LOCAL, HOST_TIER_OVER_BUDGET, local.added_itl_s)
         return Decision(KVPath.RECOMPUTE, refused)
 
-    def stall_pays(self, load: TurnLoad, local: LocalEstimate, saved_s: float) -> bool:
-        """Whether a local turn over the stall budget saves this turn more seconds
-        (``saved_s``, of its path through P) than its slices add to the holder's running
-        sequences together.
+    def others_delay_s(self, load: TurnLoad, local: LocalEstimate) -> float:
+        """The seconds a local turn's slices add to the holder's running sequences together
+        (added delay per step x slices x running sequences): what the turn must save itself,
+        within the stall budget or over it, to go local.
 
-        The budget bounds what one decode step may be slowed by; it does not know what the
-        turn waits for instead. On the pressure preset, P's queue of cold first turns held
-        pulls the budget sent there for 5.8-13.8 s and recomputes of host-tier histories for
-        7-12 s, where a local turn took ~1 s and slowed each of two or three running
-        sequences by a few tenths of a second for three steps. Only those seconds are held
-        against it, not a pull's own (docs/router.md, "Three paths"): counted whole, they
-        sent 9 of 18 follow-ups at 4k tokens local over the budget beside two decoding
-        sessions with P idle, and the decoders' TPOT p99 was 2.27x recompute's (1.46x before
-        the rule)."""
-        others_s = local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
-        return saved_s > others_s
+        The budget bounds what one decode step may be slowed by; it knows neither what the
+        turn saves nor how many sequences pay. Within it, a local turn that merely tied with a
+        pull still slowed every decoding session beside it: on the two-decoder bench, 4k-token
+        follow-ups went local at 1.56-1.61 s where pulls took 1.50-1.64 s, and 20 and 32 of the
+        29 and 44 gaps in the decoders' slowest 1% were beside those local prefills
+        (docs/router.md, "Three paths"). Over it, P's queue of cold first turns held pulls for
+        5.8-13.8 s on the pressure preset, where a local turn took ~1 s and slowed each of two
+        or three running sequences by a few tenths of a second for three steps. A cost the
+        holder's streams have not shown yet counts as nothing: the bound overstates it, and
+        only a local turn beside running sequences measures it."""
+        if not local.measured:
+            return 0.0
+        return local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
 
     def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""

@@ -89,10 +89,35 @@ def test_new_part_over_the_limit_goes_to_a_prefill_engine():
 
 def test_stall_budget_applies_only_while_the_holder_decodes_others():
     policy = cost_model(max_stall_s=0.1)  # 0.1 s at 2000 tok/s: 200 new tokens
-    assert policy.decide(held(3000), NOW, TurnLoad(300, holder_running=0)).path is KVPath.LOCAL
-    assert policy.decide(held(3000), NOW, TurnLoad(200, holder_running=4)).path is KVPath.LOCAL
-    decision = policy.decide(held(3000), NOW, TurnLoad(300, holder_running=4))
+    # A pull of 30,000 tokens costs 0.65 s: local saves more than 0.1 s x 4 sequences.
+    assert policy.decide(held(30_000), NOW, TurnLoad(300, holder_running=0)).path is KVPath.LOCAL
+    assert policy.decide(held(30_000), NOW, TurnLoad(200, holder_running=4)).path is KVPath.LOCAL
+    decision = policy.decide(held(30_000), NOW, TurnLoad(300, holder_running=4))
     assert (decision.path, decision.reason) == (KVPath.PULL, "stall_over_budget")
+
+
+def test_within_the_budget_a_local_turn_must_save_more_than_it_costs_the_holders_sessions():
+    """Found on the two-decoder bench: 4k-token follow-ups went local at 1.56-1.61 s where
+    pulls took 1.50-1.64 s, each of their three slices adding ~0.3 s to both decoders' steps,
+    and 20 and 32 of the 29 and 44 gaps in the decoders' slowest 1% were beside them."""
+    policy = cost_model(max_stall_s=0.5, slice_tokens=64)
+    for _ in range(30):  # pulls of 4000 tokens from the busy holder: 1.2 s
+        policy.observe(PrefillSample(160, 4000, 1.2 + 160 / 2000, holder_busy=True))
+    busy_4k = TurnLoad(160, holder_running=2, holder_added_s=0.3)
+    local = policy.predicted_local(busy_4k)  # 3 slices of 0.3 s: 0.9 s, ~0.38 s faster
+    assert local.seconds == pytest.approx(0.9)
+    assert policy.others_delay_s(busy_4k, local) == pytest.approx(0.3 * 3 * 2)
+    decision = policy.decide(held(4000), NOW, busy_4k)
+    assert (decision.path, decision.reason) == (KVPath.PULL, "local_slows_others")
+    # Idle, the holder slows nobody; queued, P would cost the turn more than the slices do.
+    assert policy.decide(held(4000), NOW, idle(160)).path is KVPath.LOCAL
+    queued = TurnLoad(160, holder_running=2, holder_added_s=0.3, prefill_wait_s=2.0)
+    decision = policy.decide(held(4000), NOW, queued)
+    assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_fastest")
+    # A history in the host tier is priced the same way against its recompute.
+    decision = policy.decide_from_host_tier(3000, busy_4k)  # 0.67 s saved, 1.8 s added
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "local_slows_others")
+    assert policy.decide_from_host_tier(3000, idle(160)).path is KVPath.LOCAL
 
 
 def test_over_the_stall_budget_a_turn_still_goes_local_when_p_would_keep_it_waiting_longer():
