@@ -16,7 +16,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -50,68 +50,121 @@ _ADDED_ALPHA = 0.2
 
 class StepTimes:
     """The gaps between chunks of the streams an engine sends through this router, apart while a
-    local prefill runs on it: the difference is what a prefill (slice) adds to each of its
-    decode steps, measured where the holder's other sessions feel it.
+    local prefill runs on it or a prefill engine pulls from it: the difference is what those add
+    to its decode steps, measured where the holder's other sessions feel it.
 
     Each local prefill is one measurement: the mean gap while it ran, less the plain steps'
     running mean, against the tokens its slices attend to (its prompt). A slice's attention
     grows with that context: on the CPU stack a step carrying 64 new tokens over a 4k-token
     history took ~0.4 s, over 1k ~0.17 s, a plain one ~0.08 s (docs/router.md), so a cost
     learned at one history length is scaled, not reused, at another.
+
+    Each pull's P step is one measurement too, of the delay each running sequence took over
+    the whole step (its fewer, slower steps: seconds x (1 - plain gap / mean gap)), against the
+    tokens read: the holder serves the read between its decode steps, and P's compute of the
+    new part after it costs the holder nothing.
     """
 
-    __slots__ = ("_added", "_window", "_window_tokens", "local_prefills", "plain_s")
+    __slots__ = ("_added", "_prefills", "_read_delay", "_reads", "plain_s")
 
     def __init__(self) -> None:
-        self.local_prefills = 0
-        """Local turns sent to the engine whose first byte has not come back yet."""
         self.plain_s: float | None = None
         self._added: LinearFit | None = None
-        self._window: list[float] = []  # gaps while local prefills run
-        self._window_tokens = 0  # the tokens those prefills attend to
+        self._read_delay: LinearFit | None = None
+        self._prefills = _Window()  # local prefills: tokens their slices attend to
+        self._reads = _Window()  # pulls' P steps: tokens read from this engine
+
+    @property
+    def local_prefills(self) -> int:
+        """Local turns sent to the engine whose first byte has not come back yet."""
+        return self._prefills.open
 
     def observe(self, gap_s: float) -> None:
-        if self.local_prefills:
-            self._window.append(gap_s)
-        else:
+        windows = [window for window in (self._prefills, self._reads) if window.open]
+        for window in windows:
+            window.gaps.append(gap_s)
+        if not windows:
             self.plain_s = _running_mean(self.plain_s, gap_s)
 
     @property
     def prefilling_tokens(self) -> int:
         """The tokens the local prefills running now attend to: a new one's slices ride on the
         same steps as theirs, so what it adds is priced at its prompt plus these."""
-        return self._window_tokens if self.local_prefills else 0
+        return self._prefills.tokens
 
     def added_s(self, context_tokens: int) -> float | None:
         """Seconds local prefills attending to ``context_tokens`` in all add to each decode step,
         once a local prefill was seen beside plain steps."""
-        if self._added is None:
-            return None
-        intercept, slope = self._added.line()
-        return max(intercept + slope * context_tokens, 0.0)
+        return _at(self._added, context_tokens)
 
-    @contextlib.contextmanager
-    def local_prefill(self, context_tokens: int) -> Iterator[None]:
+    def read_delay_s(self, tokens: int) -> float | None:
+        """Seconds a pull of ``tokens`` adds to each running sequence over its P step in all,
+        once a pull was seen beside plain steps."""
+        return _at(self._read_delay, tokens)
+
+    def local_prefill(self, context_tokens: int) -> contextlib.AbstractContextManager[None]:
         """Count a local turn's prefill for the duration of the block (until its first byte):
         the gaps meanwhile are measured against its prompt's ``context_tokens``."""
-        self.local_prefills += 1
-        self._window_tokens += context_tokens
+        return self._prefills.during(context_tokens, self._learn_added)
+
+    def pull_read(self, tokens: int) -> contextlib.AbstractContextManager[None]:
+        """Count a P step that pulls ``tokens`` from this engine for the duration of the block:
+        the gaps meanwhile are measured against them."""
+        return self._reads.during(tokens, self._learn_read_delay)
+
+    def _learn_added(self, gaps: list[float], tokens: int, _seconds: float) -> None:
+        if gaps and self.plain_s is not None:
+            added = max(sum(gaps) / len(gaps) - self.plain_s, 0.0)
+            self._added = _fitted(self._added, tokens, added)
+
+    def _learn_read_delay(self, gaps: list[float], tokens: int, seconds: float) -> None:
+        if gaps and self.plain_s is not None:
+            delay = seconds * max(1.0 - self.plain_s * len(gaps) / sum(gaps), 0.0)
+            self._read_delay = _fitted(self._read_delay, tokens, delay)
+
+
+class _Window:
+    """The gaps seen while steps of one kind run on an engine, and the tokens they concern;
+    overlapping steps are one measurement, closed when the last of them ends."""
+
+    __slots__ = ("gaps", "open", "opened_at", "tokens")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.gaps: list[float] = []
+        self.tokens = 0
+        self.opened_at = 0.0
+
+    @contextlib.contextmanager
+    def during(
+        self, tokens: int, learn: Callable[[list[float], int, float], None]
+    ) -> Iterator[None]:
+        if not self.open:
+            self.opened_at = time.monotonic()
+        self.open += 1
+        self.tokens += tokens
         try:
             yield
         finally:
-            self.local_prefills -= 1
-            if not self.local_prefills:
-                self._close_window()
+            self.open -= 1
+            if not self.open:
+                gaps, tokens = self.gaps, self.tokens
+                self.gaps, self.tokens = [], 0
+                learn(gaps, tokens, time.monotonic() - self.opened_at)
 
-    def _close_window(self) -> None:
-        window, tokens = self._window, self._window_tokens
-        self._window, self._window_tokens = [], 0
-        if not window or self.plain_s is None:
-            return
-        added = max(sum(window) / len(window) - self.plain_s, 0.0)
-        if self._added is None:  # anchored at nothing added for no context
-            self._added = LinearFit(0.0, 0.0, _ADDED_ALPHA)
-        self._added.add(tokens, added)
+
+def _fitted(fit: LinearFit | None, tokens: int, seconds: float) -> LinearFit:
+    if fit is None:  # anchored at nothing added for no tokens
+        fit = LinearFit(0.0, 0.0, _ADDED_ALPHA)
+    fit.add(tokens, seconds)
+    return fit
+
+
+def _at(fit: LinearFit | None, tokens: int) -> float | None:
+    if fit is None:
+        return None
+    intercept, slope = fit.line()
+    return max(intercept + slope * tokens, 0.0)
 
 
 class StepQueue:

@@ -38,6 +38,7 @@ __all__ = [
     "HOST_TIER_OVER_BUDGET",
     "LOCAL_OVER_BUDGET",
     "LOCAL_SLOWS_OTHERS",
+    "PULL_SLOWS_OTHERS",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -55,6 +56,9 @@ LOCAL_OVER_BUDGET = "local_over_budget"
 """The reason of a local turn over the stall budget whose wait behind P's queue would cost it
 more seconds than its slices add to the holder's running sequences together
 (``CostModelPolicy.others_delay_s``)."""
+PULL_SLOWS_OTHERS = "pull_slows_others"
+"""The reason of a recompute where the pull, though predicted faster, would cost it fewer
+seconds than its read adds to the holder's running sequences together."""
 LOCAL_SLOWS_OTHERS = "local_slows_others"
 """The reason of a pull or a recompute where the local path, though within the stall budget
 and predicted faster, saves the turn fewer seconds than its slices add to the holder's running
@@ -91,13 +95,16 @@ class TurnLoad:
     ``holder_added_s``: what a local prefill of this turn's prompt adds to each of the
     holder's decode steps, as its streams showed it (placement.StepTimes; None until seen);
     ``prefill_wait_s``: how long a prefill step would wait behind those in flight on the least
-    busy prefill engine.
+    busy prefill engine; ``read_delay_s``: what a pull of the holding adds to each of the
+    holder's running sequences over its P step in all, as its streams showed it during earlier
+    pulls (placement.StepTimes; None until seen).
     """
 
     new_tokens: int
     holder_running: int
     holder_added_s: float | None = None
     prefill_wait_s: float = 0.0
+    read_delay_s: float | None = None
 
     @property
     def holder_busy(self) -> bool:
@@ -276,12 +283,13 @@ class CostModelPolicy:
         read_s = self.predicted_pull_s(held, load is not None and load.holder_busy)
         fixed = self._prefill.line()[0]
         pull_s = fixed + read_s + self.predicted_recompute_s(new)
+        pull_cost_s = pull_s + self.read_delay_s(load)
         recompute_s = fixed + self.predicted_recompute_s(held + new)
         refused = None
         if load is not None and self._local_settings.enabled:
             local = self.predicted_local(load)
             refused = self._local_refusal(load, local)
-            on_prefill_s = min(pull_s, recompute_s) + wait_s + self.handoff_s
+            on_prefill_s = min(pull_cost_s, recompute_s) + wait_s + self.handoff_s
             saved_s = on_prefill_s - local.seconds
             others_s = self.others_delay_s(load, local)
             if refused is None:
@@ -296,8 +304,9 @@ class CostModelPolicy:
         # The pull reads the holding once P gets to it: it must still be there then.
         if remaining_s < wait_s + read_s + self._cost.expiry_guard_s:
             return Decision(KVPath.RECOMPUTE, "expiring")
-        if pull_s >= recompute_s:
-            return Decision(KVPath.RECOMPUTE, refused or "recompute_cheaper")
+        if pull_cost_s >= recompute_s:
+            cheaper = PULL_SLOWS_OTHERS if pull_s < recompute_s else "recompute_cheaper"
+            return Decision(KVPath.RECOMPUTE, refused or cheaper)
         return Decision(KVPath.PULL, refused or "pull_cheaper")
 
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
@@ -328,29 +337,44 @@ class CostModelPolicy:
     def others_delay_s(self, load: TurnLoad, local: LocalEstimate) -> float:
         """The seconds a local turn's slices add to the holder's running sequences together
         (added delay per step x slices x running sequences): what the turn must save itself,
-        within the stall budget or over it, to go local.
+        within the stall budget or over it, to go local. A second of another session's wait
+        counts as one of this turn's.
 
         The budget bounds what one decode step may be slowed by; it knows neither what the
-        turn saves nor how many sequences pay. Within it, a local turn that merely tied with a
-        pull still slowed every decoding session beside it: on the two-decoder bench, 4k-token
-        follow-ups went local at 1.56-1.61 s where pulls took 1.50-1.64 s, and 20 and 32 of the
-        29 and 44 gaps in the decoders' slowest 1% were beside those local prefills
-        (docs/router.md, "Three paths"). Over it, P's queue of cold first turns held pulls for
-        5.8-13.8 s on the pressure preset, where a local turn took ~1 s and slowed each of two
-        or three running sequences by a few tenths of a second for three steps. A cost the
-        holder's streams have not shown yet counts as nothing: the bound overstates it, and
-        only a local turn beside running sequences measures it."""
-        if not local.measured:
-            return 0.0
+        turn saves nor how many sequences pay. Over it, P's queue of cold first turns held
+        pulls for 5.8-13.8 s on the pressure preset, where a local turn took ~1 s and slowed
+        each of two or three running sequences by a few tenths of a second for three steps.
+
+        A cost the holder's streams have not shown yet is priced at its bound, the slice's
+        whole prefill time per step, which overstates it: such a turn goes local only where it
+        saves even that (behind P's queue), and its slices are measured then. Counted as
+        nothing, it sent one follow-up per router and history to its busy holder whatever P's
+        queue: on the two-decoder bench, in each repeat of three runs, the first session's
+        fourth turn at 4k tokens went local with P idle (1.46-1.81 s, where pulls took a
+        median 1.50-1.64 s), and both decoders' steps took 0.4-0.6 s for three steps where
+        plain ones took 0.09-0.1 s: 12 of the 28 gaps in their slowest 1% at 4k in the last
+        run (docs/router.md, "Three paths")."""
         return local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
+
+    @staticmethod
+    def read_delay_s(load: TurnLoad | None) -> float:
+        """The seconds a pull's read adds to the holder's running sequences together: a busy
+        holder serves it between its decode steps. Nothing until its streams have shown it
+        beside a pull. Measured after each engine's core was pinned with its engine: 0 and 1
+        of 555 and 667 decoder gaps beside a pull were slow (docs/benchmarks.md); before, 20
+        of 809, when the holder's spinning engine core took P's core."""
+        if load is None or load.read_delay_s is None:
+            return 0.0
+        return load.read_delay_s * load.holder_running
 
     def _local_refusal(self, load: TurnLoad, local: LocalEstimate) -> str | None:
         """Why the local path would hurt the holder's other sessions, or None."""
         limits = self._local_settings
         if load.new_tokens > limits.max_new_tokens:
             return "new_part_too_long"
-        # A sliced prefill whose cost the holder's streams have not shown yet is tried: the
-        # bound overstates it, and only a local turn beside running sequences measures it.
+        # A sliced prefill whose cost the holder's streams have not shown yet is not held to
+        # the budget at its bound, which overstates it: only a local turn beside running
+        # sequences measures it (priced at the bound all the same: others_delay_s).
         if local.measured and local.added_itl_s > limits.max_stall_s:
             return "stall_over_budget"
         return None

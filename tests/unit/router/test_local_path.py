@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -18,6 +19,7 @@ from agentkv_server.router import (
 from agentkv_server.router.placement import StepTimes
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
+from agentkv_server.testing import ManualClock
 from agentkv_server.testing.harness import conversation, plan_reason, tool_result
 
 NOW = 1000.0
@@ -163,23 +165,26 @@ def test_sliced_prefill_adds_one_slice_per_step_to_the_holders_sequences():
     assert local.added_itl_s == pytest.approx(64 / 2000)
     assert sliced.slices(300) == 5
     assert local.seconds == pytest.approx(5 * 64 / 2000)  # no handoff measured yet
-    decision = sliced.decide(held(3000), NOW, busy(300))
+    # Unmeasured, the slices are priced at that bound: 32 ms x 5 slices x 2 sequences.
+    decision = sliced.decide(held(30_000), NOW, busy(300))  # a pull of 0.8 s: 0.64 s saved
     assert (decision.path, decision.reason) == (KVPath.LOCAL, "local_fastest")
     assert decision.added_itl_s == pytest.approx(0.032)
+    decision = sliced.decide(held(3000), NOW, busy(300))  # a pull of 0.26 s: 0.1 s saved
+    assert (decision.path, decision.reason) == (KVPath.PULL, "local_slows_others")
     assert sliced.predicted_local(idle(300)).added_itl_s == 0.0  # an idle holder: one step
 
 
 def test_busy_holders_local_time_is_learned_per_slice():
     """Each slice rides on one of the holder's decode steps, so a sliced prefill takes as many
     of its steps: once measured slow, busy follow-ups pull while idle ones stay local."""
-    policy = cost_model(max_stall_s=0.05, slice_tokens=64)
-    assert policy.decide(held(3000), NOW, busy(300)).path is KVPath.LOCAL
+    policy = cost_model(max_stall_s=0.05, slice_tokens=64)  # a pull of 30,000 tokens: 0.8 s
+    assert policy.decide(held(30_000), NOW, busy(300)).path is KVPath.LOCAL
     for _ in range(30):  # 5 slices in 1.5 s: the holder steps every 0.3 s
         policy.observe_local(300, 1.5, holder_busy=True)
     assert policy.predicted_local(busy(300)).seconds == pytest.approx(1.5, rel=0.05)
     assert policy.predicted_local(busy(100)).seconds == pytest.approx(0.6, rel=0.05)
-    assert policy.decide(held(3000), NOW, busy(300)).path is KVPath.PULL
-    assert policy.decide(held(3000), NOW, idle(300)).path is KVPath.LOCAL
+    assert policy.decide(held(30_000), NOW, busy(300)).path is KVPath.PULL
+    assert policy.decide(held(30_000), NOW, idle(300)).path is KVPath.LOCAL
 
 
 def test_what_slices_add_to_the_holders_steps_is_taken_from_its_streams():
@@ -187,13 +192,13 @@ def test_what_slices_add_to_the_holders_steps_is_taken_from_its_streams():
     shares the work of reading the weights, so the holder's streams show less. Once they have
     shown it, the budget is checked against what they showed (scaled to a shorter part)."""
     policy = cost_model(max_stall_s=0.02, slice_tokens=64)  # bound: 64 / 2000 = 32 ms
-    unseen = policy.decide(held(3000), NOW, busy(300))
+    unseen = policy.decide(held(30_000), NOW, busy(300))
     assert (unseen.path, unseen.added_itl_s) == (KVPath.LOCAL, pytest.approx(0.032))  # tried
     seen = TurnLoad(new_tokens=300, holder_running=2, holder_added_s=0.015)
-    decision = policy.decide(held(3000), NOW, seen)
+    decision = policy.decide(held(30_000), NOW, seen)
     assert (decision.path, decision.added_itl_s) == (KVPath.LOCAL, pytest.approx(0.015))
     over = TurnLoad(new_tokens=300, holder_running=2, holder_added_s=0.025)
-    assert policy.decide(held(3000), NOW, over).reason == "stall_over_budget"
+    assert policy.decide(held(30_000), NOW, over).reason == "stall_over_budget"
     short = TurnLoad(new_tokens=32, holder_running=2, holder_added_s=0.015)
     assert policy.predicted_local(short).added_itl_s == pytest.approx(0.0075)
 
@@ -260,6 +265,39 @@ def test_overlapping_local_prefills_are_one_measurement_of_their_contexts_togeth
         steps.observe(0.380)
     assert steps.local_prefills == 0
     assert steps.added_s(4000) == pytest.approx(0.300, rel=0.05)
+
+
+def test_step_times_measure_what_a_pull_costs_each_running_sequence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = ManualClock(now=10.0)
+    monkeypatch.setattr("agentkv_server.router.placement.time.monotonic", clock)
+    steps = StepTimes()
+    for _ in range(200):
+        steps.observe(0.080)
+    assert steps.read_delay_s(4000) is None
+    with steps.pull_read(4000):
+        for _ in range(10):
+            steps.observe(0.120)
+        clock.now += 1.2
+    # Each sequence took 10 steps in 1.2 s where 15 plain ones fit: 0.4 s of delay.
+    assert steps.read_delay_s(4000) == pytest.approx(0.4, rel=0.05)
+    assert steps.read_delay_s(1000) == pytest.approx(0.1, rel=0.1)  # in proportion to the read
+    assert steps.plain_s == pytest.approx(0.080)  # the pull's gaps are not plain steps
+    assert steps.added_s(4000) is None  # nor a local prefill's
+
+
+def test_a_pull_that_slows_the_holders_sessions_more_than_it_saves_recomputes():
+    """A pull (0.16 s here) against a recompute of the whole history (1.55 s): the read's
+    delay to each of the holder's running sequences, times their number, is priced in."""
+    policy = cost_model(enabled=False)
+    cheap = TurnLoad(100, holder_running=2, read_delay_s=0.5)  # 0.16 + 1.0 s < 1.55 s
+    assert policy.decide(held(3000), NOW, cheap).path is KVPath.PULL
+    dear = TurnLoad(100, holder_running=2, read_delay_s=0.8)  # 0.16 + 1.6 s > 1.55 s
+    decision = policy.decide(held(3000), NOW, dear)
+    assert (decision.path, decision.reason) == (KVPath.RECOMPUTE, "pull_slows_others")
+    alone = TurnLoad(100, holder_running=0, read_delay_s=0.8)  # nobody decoding to slow
+    assert policy.decide(held(3000), NOW, alone).path is KVPath.PULL
 
 
 def test_pulls_from_busy_holders_are_learned_apart():
@@ -407,6 +445,27 @@ async def held_session(router):  # type: ignore[no-untyped-def]
     return first, engine
 
 
+async def test_a_pull_teaches_the_holder_what_its_reads_cost_its_streams(make_router):
+    router = await make_router(local={"enabled": True, "max_new_tokens": 100})
+    first, engine = await held_session(router)
+    prefill = router.state.prefill.get(router.prefill[0].url)
+    assert prefill is not None
+    for _ in range(50):  # the holder's streams: plain steps
+        engine.steps.observe(0.008)
+
+    pulled = asyncio.create_task(router.chat(tool_result(first, 300), session="s1"))
+    while not prefill.inflight:  # P's step, reading from the holder
+        await asyncio.sleep(0.001)
+    for _ in range(5):
+        engine.steps.observe(0.016)
+    response = await pulled
+
+    assert response.headers["x-agentkv-kv-path"] == "reuse"
+    delay = engine.steps.read_delay_s(600)
+    assert delay is not None and delay > 0
+    assert engine.steps.plain_s == pytest.approx(0.008)
+
+
 async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_router):
     # The stub prefills at 0.1 ms/token: 200 new tokens stall the holder's batch ~20 ms.
     router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 0})
@@ -423,8 +482,12 @@ async def test_busy_holder_keeps_a_mid_size_part_off_its_decode_batch(make_route
 
 async def test_busy_holder_takes_a_sliced_part_and_says_what_it_costs_its_batch(make_router):
     # 200 new tokens at the stub's 0.1 ms/token: ~20 ms in one step (over the budget: the test
-    # above), 4 ms in slices of 40, and tried while the holder's streams have shown no cost.
-    router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40})
+    # above), 4 ms in slices of 40, and tried while the holder's streams have shown no cost,
+    # as it saves more than that bound's ~25 ms: a pull costs 0.1 s more here.
+    router = await make_router(
+        local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40},
+        cost={"pull_overhead_s": 0.1},
+    )
     first, engine = await held_session(router)
 
     with engine.busy():

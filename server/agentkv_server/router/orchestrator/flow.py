@@ -6,6 +6,7 @@ planned reuse does not happen; then it is ``fallback``, set here and nowhere els
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -81,7 +82,8 @@ class Orchestrator:
             # released what it continued).
             keeper.release_soon([plan.holding])
         try:
-            prefilled = await attempt(prefill)
+            with _read_window(plan):
+                prefilled = await attempt(prefill)
             if _fell_back(plan, prefilled):
                 turn.fall_back()
             if isinstance(prefilled, Refused):  # only a cold step's refusal is passed back
@@ -124,6 +126,14 @@ class Orchestrator:
         if request.hints.session_end and request.session_key is not None:
             await self._services.keeper.end_soon(request.session_key)
         return response
+
+
+def _read_window(plan: Plan) -> contextlib.AbstractContextManager[None]:
+    """While a P step pulls from the holder, the holder's streams measure what the read costs
+    them (placement.StepTimes.pull_read)."""
+    if plan.path is not KVPath.PULL or plan.holder is None or plan.holding is None:
+        return contextlib.nullcontext()
+    return plan.holder.steps.pull_read(plan.holding.num_tokens)
 
 
 def _fell_back(plan: Plan, prefilled: Prefilled | Refused | None) -> bool:
