@@ -6,9 +6,10 @@ holder (``local``: the holder prefills only the turn's new tokens), pulling the 
 prefill engine, or recomputing them there. Both sides of a busy holder are priced: ``local``
 must save the turn more seconds than it adds to the holder's other sequences together, and
 keep the delay it adds to each of their steps within a budget (settings.LocalPathSettings)
-unless P's queue would cost the turn more than that, and a pull's time is learned apart for busy holders, whose reads wait for their
-decode steps. Holdings that would expire first are not used. It asks decode
-engines to retain KV for as long as the client's hints say the next turn is away.
+unless P's queue would cost the turn more than that; a pull's time is learned apart for busy
+holders, whose reads wait for their decode steps, and what its read costs their sequences is
+added to it. Holdings that would expire first are not used. It asks decode engines to retain
+KV for as long as the client's hints say the next turn is away.
 ``upstream`` imitates vLLM's example proxy (a fixed 64-token threshold, the engines' fixed
 480 s retention, no hints), ``upstream-best`` the same proxy once
 streamed turns report their holdings, and ``never`` always recomputes and asks engines to keep
@@ -283,7 +284,7 @@ class CostModelPolicy:
         read_s = self.predicted_pull_s(held, load is not None and load.holder_busy)
         fixed = self._prefill.line()[0]
         pull_s = fixed + read_s + self.predicted_recompute_s(new)
-        pull_cost_s = pull_s + self.read_delay_s(load)
+        pull_cost_s = pull_s + self.read_others_delay_s(load)
         recompute_s = fixed + self.predicted_recompute_s(held + new)
         refused = None
         if load is not None and self._local_settings.enabled:
@@ -312,9 +313,9 @@ class CostModelPolicy:
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
         """Local when predicted faster than recomputing the whole history on P by more than
         its slices add to the holder's running sequences (:meth:`others_delay_s`), over the
-        stall budget too. Loading the history back is a
-        memory copy (host to device on a GPU), left out of the estimate: 4 ms for 1,280 tokens
-        of the tiny model on the CPU stack (docs/router.md, "Capacity")."""
+        stall budget too. Loading the history back is a memory copy (host to device on a GPU),
+        left out of the estimate: 4 ms for 1,280 tokens of the tiny model on the CPU stack
+        (docs/router.md, "Capacity")."""
         if not self._local_settings.enabled:
             return Decision(KVPath.RECOMPUTE, "local_disabled")
         local = self.predicted_local(load)
@@ -357,7 +358,7 @@ class CostModelPolicy:
         return local.added_itl_s * self.slices(load.new_tokens) * load.holder_running
 
     @staticmethod
-    def read_delay_s(load: TurnLoad | None) -> float:
+    def read_others_delay_s(load: TurnLoad | None) -> float:
         """The seconds a pull's read adds to the holder's running sequences together: a busy
         holder serves it between its decode steps. Nothing until its streams have shown it
         beside a pull. Measured after each engine's core was pinned with its engine: 0 and 1
