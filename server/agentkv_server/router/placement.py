@@ -195,8 +195,9 @@ class StepQueue:
         finally:
             del self._in_flight[step]
 
-    def served(self, step: QueuedStep, tokens: int | None = None) -> None:
-        """``step`` ended with its answer, having computed ``tokens`` (None: as estimated).
+    def served(self, step: QueuedStep, tokens: int | None = None) -> float:
+        """``step`` ended with its answer, having computed ``tokens`` (None: as estimated);
+        returns its service seconds.
 
         Where other steps were in flight when the previous one ended, the engine was busy in
         between, and the time since is this step's service (its own time includes its wait).
@@ -210,6 +211,7 @@ class StepQueue:
             self._fit = LinearFit(0.0, seconds / max(tokens, 1), _SERVICE_ALPHA)
         self._fit.add(tokens, seconds)
         self._last_end, self._queued_at_last_end = now, len(self._in_flight) > 1
+        return seconds
 
     def service_s(self, tokens: int) -> float | None:
         """Seconds a step of ``tokens`` computed tokens takes to serve; None until one was."""

@@ -105,6 +105,7 @@ class StubEngine:
     report_cached_tokens: bool = True
     delay_s: float = 0.0
     kv_load_fails: bool = False  # its reads of prefill engines' KV fail (it recomputes)
+    one_prompt_at_a_time: bool = False  # prompts wait for the one computing, as on one core
     blocks_wait: tuple[float, float] | None = None  # each decode step's wait for blocks
     report_delay_s: float = 0.0  # a holding report reaches the router this long after the answer
     # The KV size its params report, as agentkv's connector does (None: reports none).
@@ -129,6 +130,7 @@ class StubEngine:
     port: int = 0
     _runner: web.AppRunner | None = None
     _reports: set[asyncio.Task[None]] = field(default_factory=set)
+    _computing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def url(self) -> str:
@@ -255,7 +257,12 @@ class StubEngine:
 
     async def _compute(self, tokens: int) -> None:
         """Spend the time the cluster's model takes to prefill ``tokens``."""
-        if self.cluster.prefill_s_per_token and tokens > 0:
+        if not self.cluster.prefill_s_per_token or tokens <= 0:
+            return
+        if not self.one_prompt_at_a_time:
+            await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
+            return
+        async with self._computing:
             await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
 
     async def _prefill(self, body: dict[str, Any], params: dict[str, Any]) -> web.Response:

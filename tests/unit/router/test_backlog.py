@@ -137,6 +137,22 @@ async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_
     assert await router.metric("agentkv_prefill_queue_seconds") == 0.0  # once it is served
 
 
+async def test_the_prefill_rate_is_learned_from_p_s_service_not_its_queue(make_router) -> None:
+    """Found on the two-decoder bench: two sessions' cold 4k-token first turns sent together
+    (the second waited for the first on P's one core) taught the prefill line an intercept of
+    5.5 s, every follow-up at 4k was then predicted to take 5.9 s through P and went local
+    beside the decoders. The wait is P's queue, which the policy prices apart."""
+    router = await make_router()
+    router.prefill[0].one_prompt_at_a_time = True  # ~1 s each: the second waits ~1 s more
+    await asyncio.gather(
+        router.chat(conversation(1, 10_000), session="a"),
+        router.chat(conversation(1, 10_000), session="b"),
+    )
+    policy = router.state.policy
+    assert isinstance(policy, CostModelPolicy)
+    assert policy.prefill_s_per_token == pytest.approx(1e-4, rel=0.15)  # the stubs' rate
+
+
 def test_a_step_goes_to_the_prefill_engine_with_the_shortest_queue_not_the_fewest_steps(
     clock: ManualClock,
 ) -> None:

@@ -30,9 +30,10 @@ def account_prefill(
     seconds: float,
     holder_busy: bool = False,
 ) -> bool:
-    """Reused and computed tokens from P's usage, and a rate sample for the policy. False when
-    P was to pull ``pulled_from`` and recomputed instead. ``holder_busy``: the holder had
-    requests in flight when the turn was planned.
+    """Reused and computed tokens from P's usage, and a rate sample for the policy (``seconds``:
+    the step's service, policy.PrefillSample). False when P was to pull ``pulled_from`` and
+    recomputed instead. ``holder_busy``: the holder had requests in flight when the turn was
+    planned.
 
     Reused tokens are P's ``prompt_tokens_details.cached_tokens`` when the engine reports
     them; otherwise the holding's ``remote_num_tokens`` clipped to the prompt. A reported

@@ -168,20 +168,34 @@ class Services:
         *,
         stall_s: float | None = None,
         probe_first: bool = True,
-        queued_tokens: int | None = None,
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog (which
-        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run). With
-        ``queued_tokens`` (the tokens it is expected to compute), it is also in the engine's
-        queue (placement.StepQueue), and its answer teaches the queue its service time."""
+        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run)."""
         engine.request_started()  # as engine.busy(), without a generator per step
         try:
-            if queued_tokens is None:
-                return await self._post(turn, engine, body, timeout, stall_s, probe_first)
-            with engine.queue.step(queued_tokens) as step:
-                answer = await self._post(turn, engine, body, timeout, stall_s, probe_first)
-                engine.queue.served(step, _computed_tokens(turn, answer))
-                return answer
+            return await self._post(turn, engine, body, timeout, stall_s, probe_first)
+        finally:
+            engine.request_finished()
+
+    async def post_queued(
+        self,
+        turn: Turn,
+        engine: Engine,
+        body: dict[str, Any],
+        timeout: Timeout,
+        tokens: int,
+        *,
+        stall_s: float | None = None,
+    ) -> tuple[dict[str, Any], float]:
+        """:meth:`post`, also in the engine's queue (placement.StepQueue) as a step expected to
+        compute ``tokens``: its answer and its service seconds, its wait behind the engine's
+        other steps left out (that wait is the queue's, priced apart: docs/router.md, "P's
+        queue")."""
+        engine.request_started()
+        try:
+            with engine.queue.step(tokens) as step:
+                answer = await self._post(turn, engine, body, timeout, stall_s, True)
+                return answer, engine.queue.served(step, _computed_tokens(turn, answer))
         finally:
             engine.request_finished()
 

@@ -83,21 +83,19 @@ class PrefillAttempt(Attempt[Prefilled]):
             params = wire.pull_prefill_params(plan.holding.params)
         else:
             params = wire.cold_prefill_params()
-        began = time.monotonic()
         body = turn.wire.prefill_body(turn.request.body, params)
         # A pull is given up once P makes no progress for pull_s, not after pull_s in all: on a
         # busy P it waits its turn behind other prompts (docs/router.md, "Failure handling").
         settings = services.settings
         stall_s = min(settings.timeouts.pull_s, settings.faults.stall_s) if pulling else None
-        answer = await services.post(
+        answer, seconds = await services.post_queued(
             turn,
             engine,
             body,
             services.timeouts.prefill,
+            self._tokens_to_compute(pulling),
             stall_s=stall_s,
-            queued_tokens=self._tokens_to_compute(pulling),
         )
-        seconds = time.monotonic() - began
         pulled_from = plan.holding if pulling else None
         pulled = account_prefill(
             turn, services.policy, answer, pulled_from, seconds, plan.holder_running > 0
