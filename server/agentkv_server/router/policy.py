@@ -131,11 +131,8 @@ class PrefillSample:
     steps).
 
     Service, not the step's whole time: its wait behind other prompts on P is the queue's,
-    which :meth:`CostModelPolicy.decide` adds apart (``TurnLoad.prefill_wait_s``). Counted in
-    the step, two sessions' cold 4k-token first turns sent together taught the prefill line an
-    intercept of 5.5 s, and every follow-up at 4k tokens was predicted to take 5.9 s through P
-    and went local beside the decoders (docs/benchmarks.md, "Pricing what a local turn costs
-    the decoders")."""
+    which :meth:`CostModelPolicy.decide` adds apart (``TurnLoad.prefill_wait_s``); counted
+    twice, it became a fixed cost of every P step (docs/router.md, "Reuse policies")."""
 
     computed_tokens: int
     pulled_tokens: int

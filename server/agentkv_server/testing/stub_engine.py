@@ -32,6 +32,7 @@ This module is the HTTP server; the KV it simulates is in ``stub_kv``, the answe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -259,10 +260,8 @@ class StubEngine:
         """Spend the time the cluster's model takes to prefill ``tokens``."""
         if not self.cluster.prefill_s_per_token or tokens <= 0:
             return
-        if not self.one_prompt_at_a_time:
-            await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
-            return
-        async with self._computing:
+        computing = self._computing if self.one_prompt_at_a_time else contextlib.nullcontext()
+        async with computing:
             await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
 
     async def _prefill(self, body: dict[str, Any], params: dict[str, Any]) -> web.Response:

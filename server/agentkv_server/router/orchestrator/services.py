@@ -191,13 +191,9 @@ class Services:
         compute ``tokens``: its answer and its service seconds, its wait behind the engine's
         other steps left out (that wait is the queue's, priced apart: docs/router.md, "P's
         queue")."""
-        engine.request_started()
-        try:
-            with engine.queue.step(tokens) as step:
-                answer = await self._post(turn, engine, body, timeout, stall_s, True)
-                return answer, engine.queue.served(step, _computed_tokens(turn, answer))
-        finally:
-            engine.request_finished()
+        with engine.queue.step(tokens) as step:
+            answer = await self.post(turn, engine, body, timeout, stall_s=stall_s)
+            return answer, engine.queue.served(step, _computed_tokens(turn, answer))
 
     async def _post(
         self,
