@@ -24,7 +24,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import psutil
@@ -492,7 +492,7 @@ class PacedCore:
         self._frozen = False
         self._thread = threading.Thread(target=self._pace, daemon=True)
 
-    def __enter__(self) -> PacedCore:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

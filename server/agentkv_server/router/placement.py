@@ -356,6 +356,17 @@ class EnginePool:
     def any_healthy(self) -> bool:
         return any(engine.healthy for engine in self.engines)
 
+    def measured(self, engine: Engine, cost: Callable[[StepTimes], float | None]) -> float | None:
+        """``cost`` as ``engine``'s own streams showed it, else, until they have, the mean of
+        what the pool's other engines' showed: they serve one model on like hardware, so what
+        one decoder measured prices the others' first local turns beside running sequences,
+        which at the bound would each be a try of their own (docs/router.md, "Three paths")."""
+        own = cost(engine.steps)
+        if own is not None:
+            return own
+        peers = [c for e in self.engines if e is not engine and (c := cost(e.steps)) is not None]
+        return sum(peers) / len(peers) if peers else None
+
 
 class HealthMonitor:
     """Probes every engine's ``/health`` every ``interval_s`` seconds.

@@ -530,6 +530,42 @@ async def test_a_local_turn_is_priced_with_the_local_prefills_already_on_its_hol
     )
 
 
+@pytest.mark.parametrize(
+    ("peer_measured", "path", "reason"),
+    [(False, "reuse", "local_slows_others"), (True, "local", "local_fastest")],
+)
+async def test_a_holder_not_yet_measured_is_priced_by_what_the_other_decoder_measured(
+    make_router, peer_measured, path, reason
+):
+    """Until the holder's streams have shown what slices cost, the other decode engines' do.
+    With a pull 10 ms slower than the local turn: at the bound (a slice's whole prefill time
+    added to each step) the turn would cost the holder's sequence more than it saves, and
+    pulls; at what the other decoder measured (0.4 ms a step for this prompt) it goes local."""
+    router = await make_router(
+        n_decode=2,
+        local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40},
+        cost={"pull_overhead_s": 0.01},
+    )
+    first = conversation(1, 500)
+    await router.chat(first, session="s1")
+    (holder,) = [router.state.decode.get(d.url) for d in router.decode if d.requests]
+    (peer,) = [e for e in router.state.decode.engines if e is not holder]
+    assert holder is not None
+    for engine in (holder, peer):  # both decoders' streams: plain steps
+        for _ in range(50):
+            engine.steps.observe(0.008)
+    if peer_measured:  # a local prefill of 1000 tokens on the other decoder added 0.5 ms a step
+        with peer.steps.local_prefill(1000):
+            for _ in range(6):
+                peer.steps.observe(0.0085)
+
+    with holder.busy():
+        response = await router.chat(tool_result(first, 200), session="s1")
+
+    assert (response.headers["x-agentkv-kv-path"], plan_reason(response)) == (path, reason)
+    assert holder.steps.added_s(1000) is None  # the holder's own cost: still unmeasured
+
+
 async def test_streamed_local_turn_teaches_the_local_rate(make_router):
     router = await make_router(local=LOCAL_ON)
     first = conversation(1, 300)

@@ -176,9 +176,11 @@ class Planner:
         services = self._services
         new_tokens = max(prompt_tokens - holding.num_tokens, 0)
         waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
-        steps = holder.steps
-        added_s = steps.added_s(prompt_tokens + steps.prefilling_tokens)
-        read_delay_s = steps.read_delay_s(holding.num_tokens)
+        context = prompt_tokens + holder.steps.prefilling_tokens
+        added_s = services.decode.measured(holder, lambda steps: steps.added_s(context))
+        read_delay_s = services.decode.measured(
+            holder, lambda steps: steps.read_delay_s(holding.num_tokens)
+        )
         return TurnLoad(new_tokens, holder.inflight, added_s, min(waits, default=0.0), read_delay_s)
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
