@@ -577,11 +577,12 @@ async def stream_with_its_decode_engine_killed(
     and another decode engine; SIGKILL ``doomed_decode`` mid-answer (``frozen``: SIGSTOP the
     whole engine, API server included, until the stream is read) and read the whole stream.
 
-    The router is served on loopback so that the client sees the first token as it comes, and
-    the doomed engine's core runs paced until then and is frozen right then. Nothing but this stream runs on
-    ``doomed_decode`` (its own engine, this router's only traffic), so its generated-token
-    counter, read once settled, proves where the stream ran, and fewer tokens than the
-    answer's ``max_tokens`` prove that the fault lands mid-stream, whatever the machine's speed.
+    The router is served on loopback so that the client sees the first token as it comes; the
+    doomed engine's core runs paced until then (PacedCore) and is frozen right then. Nothing
+    but this stream runs on ``doomed_decode`` (its own engine, this router's only traffic), so
+    its generated-token counter, read once settled, proves where the stream ran, and fewer
+    tokens than the answer's ``max_tokens`` prove that the fault lands mid-stream, whatever
+    the machine's speed.
     """
     settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
     doomed = EngineClient(doomed_decode.url, body["model"])
