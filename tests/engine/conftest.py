@@ -17,6 +17,7 @@ import pytest
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.ports import free_ports
 from agentkv_server.bundle.stack import Stack, StackConfig
+from agentkv_server.testing.paced_connector import paced
 from agentkv_server.testing.probe import EngineClient, KVProbe
 
 REQUEST_TIMEOUT_S = 120.0
@@ -24,6 +25,10 @@ REQUEST_TIMEOUT_S = 120.0
 # fast; the engine tier tests the KV path, so its routers always pull (the cost model is
 # unit-tested with stub engines).
 ALWAYS_PULL: dict[str, Any] = {"policy": "always"}
+# A doomed decode engine's least seconds a step: a 160-token stream lasts 32 s or more, far
+# longer than its first token takes to reach a client on a loaded machine (an unpaced one
+# finished all 160 when that took 3.2 s).
+DOOMED_STEP_S = 0.2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,20 +91,23 @@ def probe_of(stack: Stack) -> KVProbe:
 
 @contextmanager
 def extra_engines_like(
-    models: dict[str, EngineProcess], log_dir: Path
+    models: dict[str, EngineProcess], log_dir: Path, step_s: float | None = None
 ) -> Iterator[dict[str, EngineProcess]]:
     """Engines like ``models`` (role, model, cores) on ports of their own, for tests to kill
-    (killing one of the stack's own would break every later test). They start together: an
-    engine's start is mostly single-threaded imports, so two take about as long as one."""
+    (killing one of the stack's own would break every later test); ``step_s``: each engine step
+    takes at least that long (testing.paced_connector). They start together: an engine's start
+    is mostly single-threaded imports, so two take about as long as one."""
     engines: dict[str, EngineProcess] = {}
     try:
         for name, model in models.items():
             port, side_channel_port = free_ports(2)
+            connector = model.spec.connector
             spec = dataclasses.replace(
                 model.spec,
                 port=port,
                 side_channel_port=side_channel_port,
                 log_path=log_dir / f"{name}.log",
+                connector=connector if step_s is None else paced(connector, step_s),
             )
             engines[name] = EngineProcess(spec)
             engines[name].start()
@@ -125,8 +133,10 @@ def extra_engines(
 
 @pytest.fixture
 def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
-    """A decode engine of the test's own, to kill."""
-    with extra_engines_like({"doomed-decode": stack.decode[0]}, tmp_path) as engines:
+    """A decode engine of the test's own, to kill mid-stream: held to ``DOOMED_STEP_S`` a step,
+    so that its streams last seconds on any machine."""
+    models = {"doomed-decode": stack.decode[0]}
+    with extra_engines_like(models, tmp_path, step_s=DOOMED_STEP_S) as engines:
         yield engines["doomed-decode"]
 
 

@@ -19,12 +19,11 @@ import os
 import random
 import signal
 import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import psutil
@@ -476,51 +475,6 @@ def engine_core(engine: EngineProcess) -> list[psutil.Process]:
     return psutil.Process(engine.pid).children(recursive=True)
 
 
-class PacedCore:
-    """Runs an engine's core in short slices (SIGCONT, ``RUN_S``, SIGSTOP, ``PAUSE_S``) until
-    ``freeze``: the core then makes a token per several of the client path's, so that however
-    fast the machine, a stream is frozen right after its first token reaches the client, far
-    from its last (one fast engine finished all 160 tokens before its first reached the client).
-    """
-
-    RUN_S = 0.002
-    PAUSE_S = 0.02
-
-    def __init__(self, core: list[psutil.Process]) -> None:
-        self._core = core
-        self._lock = threading.Lock()
-        self._frozen = False
-        self._thread = threading.Thread(target=self._pace, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.freeze()
-        self._thread.join()
-
-    def freeze(self) -> None:
-        with self._lock:
-            self._frozen = True
-            self._signal(signal.SIGSTOP)
-
-    def _pace(self) -> None:
-        while True:
-            with self._lock:
-                if self._frozen:
-                    return
-                self._signal(signal.SIGCONT)
-            time.sleep(self.RUN_S)
-            with self._lock:
-                self._signal(signal.SIGSTOP)
-            time.sleep(self.PAUSE_S)
-
-    def _signal(self, signum: signal.Signals) -> None:
-        for process in self._core:
-            process.send_signal(signum)
-
-
 def carries_a_token(event: str) -> bool:
     """An SSE event of a completions or chat stream with generated text or token ids in it."""
     if event == "[DONE]":
@@ -577,34 +531,38 @@ async def stream_with_its_decode_engine_killed(
     and another decode engine; SIGKILL ``doomed_decode`` mid-answer (``frozen``: SIGSTOP the
     whole engine, API server included, until the stream is read) and read the whole stream.
 
-    The router is served on loopback so that the client sees the first token as it comes; the
-    doomed engine's core runs paced until then (PacedCore) and is frozen right then. Nothing
-    but this stream runs on ``doomed_decode`` (its own engine, this router's only traffic), so
-    its generated-token counter, read once settled, proves where the stream ran, and fewer
-    tokens than the answer's ``max_tokens`` prove that the fault lands mid-stream, whatever
-    the machine's speed.
+    The router is served on loopback so that the client sees the first token as it comes, and
+    the doomed engine's core is frozen right then; the engine makes a token per DOOMED_STEP_S
+    or slower, so its stream is far from its end. Nothing but this stream runs on
+    ``doomed_decode`` (its own engine, this router's only traffic), so its generated-token
+    counter, read once settled, proves where the stream ran, and fewer tokens than the
+    answer's ``max_tokens`` prove that the fault lands mid-stream.
     """
     settings = router_settings(stack, decode=[doomed_decode.url, stack.decode[0].url])
     doomed = EngineClient(doomed_decode.url, body["model"])
     first_token = asyncio.Event()
-    core = PacedCore(engine_core(doomed_decode))
+    core = engine_core(doomed_decode)
 
     def freeze_core() -> None:
-        core.freeze()
+        for process in core:
+            process.send_signal(signal.SIGSTOP)
         first_token.set()
 
     async with serve(settings) as (app, client), serve_on_loopback(app) as url:
         generated_before = await asyncio.to_thread(doomed.metric, GENERATED)
         tally.sent += 1
         began = time.monotonic()
-        with core:
-            streamed = asyncio.create_task(read_stream(url, route, body, freeze_core))
-            waiting = asyncio.create_task(first_token.wait())
-            await asyncio.wait({streamed, waiting}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
+        streamed = asyncio.create_task(read_stream(url, route, body, freeze_core))
+        waiting = asyncio.create_task(first_token.wait())
+        await asyncio.wait({streamed, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
         assert first_token.is_set(), f"the stream ended with no token: {streamed.result()}"
+        first_token_s = time.monotonic() - began
         generated = await settled_metric(doomed, GENERATED) - generated_before
-        assert 0 < generated < body["max_tokens"], f"{generated} tokens on it when frozen"
+        assert 0 < generated < body["max_tokens"], (
+            f"{generated} tokens on it when frozen, {first_token_s:.2f} s after the request; "
+            f"its core: {[(p.pid, p.name(), p.status()) for p in core]}"
+        )
         faulted = time.monotonic()
         if frozen:
             assert doomed_decode.pid is not None

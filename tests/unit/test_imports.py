@@ -39,6 +39,11 @@ OWNERS: dict[str, tuple[tuple[str, ...], ...]] = {
     "server/agentkv_server/bench": (("server", "bench"),),
     "server/agentkv_server/plan": (("bench",),),
     "server/agentkv_server/testing": (("server", "dev"),),
+    # A connector that engines load in tests: on the CPU or the GPU stack, like the connector.
+    "server/agentkv_server/testing/paced_connector.py": (
+        ("server", "dev", "cpu"),
+        ("server", "dev", "gpu"),
+    ),
     "server/agentkv_server": (("server",),),
     "integrations/agentkv_langchain": (("langchain",),),
     "integrations/agentkv_llamaindex": (("llamaindex",),),
