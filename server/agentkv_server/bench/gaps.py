@@ -28,9 +28,20 @@ _Gap = tuple[int, int, float, float]  # repeat, history tokens, begin, end
 SLOW_GAP_FACTOR = 2.0
 """A gap is slow when it is over this many times its mode's median gap."""
 
-GAP_STEPS = ("first turn on P", "local prefill", "pull on P", "recompute on P", "D after P")
+ANSWER = "answer on D"
+ANSWERS = "2+ answers on D"
+GAP_STEPS = (
+    "first turn on P",
+    "local prefill",
+    "pull on P",
+    "recompute on P",
+    "D after P",
+    ANSWER,
+    ANSWERS,
+)
 """The steps a slow gap is put beside, in the report's order; ``none`` when it overlaps no
-turn's step (the stream of a turn's answer, the tool wait, or nothing of the agent sessions)."""
+turn's step (a tool wait, or nothing of the agent sessions). A gap beside two or more answers
+counts under both ``ANSWER`` and ``ANSWERS``."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,12 @@ def _causes(
     slow = 0
     slow_s = 0.0
     for repeat, history, begin, end in gaps:
-        beside = {name for name, a, b in steps[(mode, repeat, history)] if a < end and b > begin}
+        overlapped = [
+            name for name, a, b in steps[(mode, repeat, history)] if a < end and b > begin
+        ]
+        beside = set(overlapped)
+        if overlapped.count(ANSWER) > 1:
+            beside.add(ANSWERS)
         is_slow = end - begin > threshold
         slow += is_slow
         slow_s += (end - begin) * is_slow
@@ -93,11 +109,12 @@ def _steps(turn: TurnRecord) -> Iterable[_Step]:
         return ()
     start = turn.sent_s + turn.plan_s
     first_byte = turn.sent_s + turn.ttft_s
+    answer = () if turn.ended_s is None else ((ANSWER, first_byte, turn.ended_s),)
     if turn.kv_path == "local":
-        return (("local prefill", start, first_byte),)
+        return (("local prefill", start, first_byte), *answer)
     on_p = start + (turn.prefill_s or 0.0)
     name = "first turn on P" if turn.turn == 1 else _P_STEP.get(turn.kv_path or "", "")
-    return ((name, start, on_p), ("D after P", on_p, first_byte)) if name else ()
+    return ((name, start, on_p), ("D after P", on_p, first_byte), *answer) if name else ()
 
 
 _P_STEP = {"reuse": "pull on P", "recompute": "recompute on P"}
