@@ -37,6 +37,8 @@ __all__ = [
     "EXTRA_REPORT_TIMEOUT_SECONDS",
     "EXTRA_ROUTER_URL",
     "EXTRA_SECRET",
+    "EXTRA_SYNC_LOAD_MAX_TOKENS",
+    "EXTRA_SYNC_LOAD_TIMEOUT_MS",
     "HASH_BLOCK_SIZE",
     "HOST_TIER_TOKENS",
     "KV_BYTES_PER_TOKEN",
@@ -45,6 +47,7 @@ __all__ = [
     "KV_LOAD_FAILED",
     "KV_LOAD_FROM",
     "KV_LOAD_OK",
+    "KV_LOAD_SYNC",
     "KV_TRANSFER_PARAMS",
     "PORT_BASE_ENV",
     "RELEASE",
@@ -122,6 +125,9 @@ KV_LOAD: Final = "agentkv_kv_load"
 KV_LOAD_FROM: Final = "agentkv_kv_load_from"
 KV_LOAD_OK: Final = "ok"
 KV_LOAD_FAILED: Final = "failed"
+# True when that load was synchronous: read before the step that computed the request
+# (connector/syncload.py).
+KV_LOAD_SYNC: Final = "agentkv_kv_load_sync"
 # Engine -> router, in the returned params and the holding report of a request that waited for
 # KV blocks before it was admitted: the seconds it waited, and those of them during which the
 # engine retained blocks for later pulls that were neither released nor expired (the wait that
@@ -148,6 +154,8 @@ EXTRA_DEMOTE_TRANSFER_THREADS: Final = "agentkv_demote_transfer_threads"
 EXTRA_IDLE_GRACE_MS: Final = "agentkv_idle_grace_ms"
 EXTRA_IDLE_SLEEP_MS: Final = "agentkv_idle_sleep_ms"
 EXTRA_IDLE_MAX_WAIT_MS: Final = "agentkv_idle_max_wait_ms"
+EXTRA_SYNC_LOAD_MAX_TOKENS: Final = "agentkv_sync_load_max_tokens"
+EXTRA_SYNC_LOAD_TIMEOUT_MS: Final = "agentkv_sync_load_timeout_ms"
 # The host tier's bytes beside the connector (bundle/launcher.py with_host_tier); 0: none.
 EXTRA_HOST_TIER_BYTES: Final = "agentkv_host_tier_bytes"
 

@@ -140,6 +140,13 @@ def doomed_decode(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
         yield engines["doomed-decode"]
 
 
+@pytest.fixture
+def killable_prefill(stack: Stack, tmp_path: Path) -> Iterator[EngineProcess]:
+    """A prefill engine of the test's own, to kill between its answer and D's read."""
+    with extra_engines_like({"killable-prefill": stack.prefill[0]}, tmp_path) as engines:
+        yield engines["killable-prefill"]
+
+
 @pytest.fixture(scope="module")
 def second_decode(extra_engines: dict[str, EngineProcess]) -> EngineProcess:
     return extra_engines["second-decode"]

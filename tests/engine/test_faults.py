@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 from agentkv import protocol
+from agentkv_server import wire
 from agentkv_server.bundle.launcher import EngineProcess
 from agentkv_server.bundle.stack import Stack
 from agentkv_server.router import InMemoryStore
@@ -327,6 +328,36 @@ async def test_prefill_engine_killed_mid_request(
     assert 'agentkv_engine_errors_total{kind="disconnect",role="prefill"}' in metrics
     assert tally.seconds[2] <= fault_cost_bound(tally)
     assert_serving(stack.prefill[0], stack.decode[0], second_decode)
+
+
+def test_prefill_engine_killed_before_decode_reads_its_answer(
+    stack: Stack, probe: KVProbe, killable_prefill: EngineProcess, tally: Tally
+) -> None:
+    """P dies after answering a follow-up's step, before D reads the new blocks. The turn before
+    proved the pair, so D's read is synchronous (docs/connector.md, "Synchronous loads"): it
+    fails in the step, D computes those tokens itself, and the answer is the recompute's."""
+    dying = KVProbe(EngineClient(killable_prefill.url, stack.served_name), probe.d)
+    prompt = tokens(600, HISTORY)
+    started = time.monotonic()
+    _, first = dying.turn(prompt, max_tokens=OUTPUT, retention_seconds=120)
+    tally.seconds.append(time.monotonic() - started)
+    assert first.holding[wire.KV_LOAD] == wire.KV_LOAD_OK
+    prompt = prompt + first.token_ids + tokens(601, NEW)
+    prefill = dying.prefill(prompt, first.holding)
+    killable_prefill.kill()
+
+    answer = dying.decode_first_token(prompt, prefill)
+    tally.seconds.append(answer.seconds)
+    tally.sent = tally.succeeded = 1
+
+    assert (answer.params[wire.KV_LOAD], answer.params.get(wire.KV_LOAD_SYNC)) == (
+        wire.KV_LOAD_FAILED,
+        True,
+    )
+    assert logprob_gap(answer.top_logprobs, probe.recomputed_logprobs(prompt)) < LOGPROB_TOLERANCE
+    tally.correct = 1
+    assert tally.seconds[1] <= fault_cost_bound(tally)
+    assert_serving(stack.prefill[0], stack.decode[0])
 
 
 async def test_decode_holder_frozen_for_a_minute(

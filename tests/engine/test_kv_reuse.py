@@ -65,6 +65,30 @@ def test_each_turn_pulls_what_the_decode_engine_holds_and_matches_recompute(
         prompt = prompt + decode.token_ids + tokens(100 + turn, NEW)
 
 
+def test_a_follow_ups_new_blocks_read_synchronously_match_recompute(
+    oracle_probe: KVProbe,
+) -> None:
+    """D reads the new part P computed before the step that computes the request's first token
+    (docs/connector.md, "Synchronous loads"); that token must be the recompute's. Turn 1's own
+    read proves the pair, so turn 2's is synchronous. Its new part fills two blocks and starts
+    a third: vLLM caches a synchronous load's whole blocks as it allocates them, and every one
+    of them must still be read."""
+    probe = oracle_probe
+    prompt = tokens(7, HISTORY)
+    _, first = probe.turn(prompt, max_tokens=OUTPUT, retention_seconds=120)
+    assert first.holding["agentkv_kv_load"] == "ok"
+    prompt = prompt + first.token_ids + tokens(107, 2 * BLOCK + NEW)
+    prefill = probe.prefill(prompt, first.holding)
+
+    answer = probe.decode_first_token(prompt, prefill)
+
+    assert (answer.params["agentkv_kv_load"], answer.params.get("agentkv_kv_load_sync")) == (
+        "ok",
+        True,
+    )
+    assert logprob_gap(answer.top_logprobs, probe.recomputed_logprobs(prompt)) < LOGPROB_TOLERANCE
+
+
 def test_the_oracle_catches_wrong_kv(oracle_probe: KVProbe) -> None:
     """Negative control. Two conversations of equal length; P is given B's blocks under a
     fingerprint of A's tokens, so prefix verification lets the wrong KV through."""

@@ -18,6 +18,11 @@ the worker reported it in ``failed_recving`` and the request computed the prompt
 ``agentkv_kv_load_from``, the engine it loaded from. The router learns each engine pair's
 transfer health from it (docs/router.md, "Pair health").
 
+A decode engine that has loaded from a prefill engine before loads a short prompt part from it
+synchronously: the request is computed in the step that reads it, not the one after
+(``syncload.py``). A prefill engine's pulls of holdings stay asynchronous: a holding is long,
+and a synchronous read would stall the engine's other prompts for it.
+
 A request carrying ``agentkv_release`` frees the named retained requests' blocks at once, as
 it arrives: a release of its own, or a decode step that needs their room.
 While released or expired blocks wait for the worker to free them (one step), a request that
@@ -49,6 +54,7 @@ from agentkv_server.connector.params import ticket as requested_ticket
 from agentkv_server.connector.prefix import PrefixFingerprint, common_prefix_tokens
 from agentkv_server.connector.report import HoldingReporter
 from agentkv_server.connector.settings import ConnectorSettings
+from agentkv_server.connector.syncload import mark_sync_loads
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -113,6 +119,12 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._loaded_at: dict[str, float] = {}
         # Requests that load KV from a remote engine: that engine, and how the load ended.
         self._loads: dict[str, _Load] = {}
+        # Prefill engines this engine's last load from ended well: loads from them may be
+        # synchronous (their handshake is done and their reads have worked).
+        self._sync_peers: set[str] = set()
+        # Requests last answered with a synchronous load, until their blocks are allocated:
+        # the (block-aligned) tokens of their prompt found in the local prefix cache.
+        self._sync_asked: dict[str, int] = {}
         self._block_waits = BlockWaits()
         self._idle = _idle_backoff(settings)
 
@@ -121,7 +133,22 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._block_waits.step(retaining=self._holdings_in_the_way)
         self._idle.step(busy=self._has_work(scheduler_output))
         self._note_loaded_requests_left_waiting(scheduler_output)
-        return super().build_connector_meta(scheduler_output)
+        meta = super().build_connector_meta(scheduler_output)
+        self._dispatch_sync_loads(meta)
+        return meta
+
+    def _dispatch_sync_loads(self, meta: NixlConnectorMetadata) -> None:
+        """Mark this step's synchronous loads for the worker; they need no heartbeat, as their
+        read ends in this step."""
+        sync = {
+            req_id
+            for req_id in meta.reqs_to_recv
+            if (load := self._loads.get(req_id)) is not None and load.sync_blocks is not None
+        }
+        mark_sync_loads(meta, sync)
+        for req_id in sync:
+            self._loads[req_id].dispatched = True
+            self._stop_heartbeat(req_id)
 
     def _note_loaded_requests_left_waiting(self, scheduler_output: SchedulerOutput) -> None:
         """Warn, once per request, when one whose KV arrived is still not scheduled after
@@ -176,7 +203,26 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             if not params.get(_VERIFIED):
                 params[_VERIFIED] = True
                 self._clip_to_loadable(request, params)
-        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        self._sync_asked.pop(request.request_id, None)
+        # The step computes at least the prompt's last token: vLLM does that itself only for a
+        # request whose asynchronous load covered the whole prompt.
+        sync_count = min(count, request.num_prompt_tokens - 1 - num_computed_tokens)
+        if load_async and self._may_load_synchronously(params, sync_count):
+            self._sync_asked[request.request_id] = num_computed_tokens
+            return sync_count, False
+        return count, load_async
+
+    def _may_load_synchronously(self, params: dict[str, Any] | None, count: int) -> bool:
+        """A decode request's short read from a prefill engine whose last load ended well."""
+        return bool(
+            params
+            and params.get(wire.DO_REMOTE_PREFILL)
+            and 0 < count <= self._settings.sync_load_max_tokens
+            and params.get(wire.REMOTE_ENGINE_ID) in self._sync_peers
+            and not self.use_host_buffer  # its reads land in a buffer, copied after the step
+            and not self._is_hma_required  # vLLM maps failed blocks back for one group only
+        )
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -187,10 +233,30 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             loaded = min(params.get(wire.REMOTE_NUM_TOKENS) or 0, request.num_prompt_tokens)
             _clip_remote_blocks(params, loaded_tokens=loaded)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        local_tokens = self._sync_asked.pop(request.request_id, None)
         if num_external_tokens > 0 and request.request_id in self._reqs_need_recv:
             # A read of ``num_external_tokens`` was planned: its outcome goes back in the params.
             remote = params.get(wire.REMOTE_ENGINE_ID) if params else None
-            self._loads[request.request_id] = _Load(str(remote))
+            sync_blocks = None
+            if local_tokens is not None:
+                sync_blocks = frozenset(self._plan_sync_read(request, blocks, local_tokens)[0])
+            self._loads[request.request_id] = _Load(str(remote), sync_blocks=sync_blocks)
+
+    def _plan_sync_read(
+        self, request: Request, blocks: KVCacheBlocks, local_tokens: int
+    ) -> BlockIds:
+        """Read every block past the local prefix hit; the blocks it reads into.
+
+        Upstream reads into the blocks not yet cached, which for an asynchronous load are those
+        past the hit. vLLM caches a synchronous load's whole blocks as it allocates them, before
+        they are read: upstream's plan would read only the last, partial block.
+        """
+        _, _, _, awaiting = self._reqs_need_recv[request.request_id]
+        skip = local_tokens // self.block_size
+        past_hit = tuple(list(group[skip:]) for group in blocks.get_block_ids())
+        read = self.get_exchange_clipped_blocks(past_hit)
+        self._reqs_need_recv[request.request_id] = (request, read, (skip,) * len(read), awaiting)
+        return read
 
     def _clip_to_loadable(self, request: Request, params: dict[str, Any]) -> None:
         """Clip ``remote_num_tokens`` (which upstream trusts) to what may really be loaded."""
@@ -239,12 +305,18 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
         self._unfinished.pop(request.request_id, None)
+        self._sync_asked.pop(request.request_id, None)
         load = self._loads.pop(request.request_id, None)
+        if load is not None and load.dispatched and load.outcome is None:
+            load.outcome = wire.KV_LOAD_OK  # a failed synchronous load is seen in its own step
+            self._learn_peer(load)
         if load is not None and load.outcome is not None:
             # Also without upstream's params (a decode engine not in bidirectional mode).
             params = {} if params is None else params
             params[wire.KV_LOAD] = load.outcome
             params[wire.KV_LOAD_FROM] = load.engine_id
+            if load.dispatched:
+                params[wire.KV_LOAD_SYNC] = True
         if (waited := self._block_waits.finished(request.request_id)) is not None:
             params = {} if params is None else params
             params[wire.WAITED_FOR_BLOCKS_SECONDS] = round(waited.seconds, 3)
@@ -271,6 +343,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         loaded = set(connector_output.finished_recving or ()) & self._unfinished.keys()
         self._loaded_at.update(dict.fromkeys(loaded, time.monotonic()))
         self._note_load_outcomes(connector_output)
+        self._note_sync_load_failures(connector_output)
 
     def _note_load_outcomes(self, connector_output: KVConnectorOutput) -> None:
         """A finished load failed if the worker also listed it in ``failed_recving`` (vLLM's
@@ -280,6 +353,25 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
             load = self._loads.get(req_id)
             if load is not None and load.outcome is None:
                 load.outcome = wire.KV_LOAD_FAILED if req_id in failed else wire.KV_LOAD_OK
+                self._learn_peer(load)
+
+    def _note_sync_load_failures(self, connector_output: KVConnectorOutput) -> None:
+        """A synchronous load failed if the worker reported its blocks invalid (vLLM's
+        scheduler then computes them in place)."""
+        invalid = getattr(connector_output, "invalid_block_ids", None)
+        if not invalid:
+            return
+        for load in self._loads.values():
+            if load.sync_blocks and load.outcome is None and load.sync_blocks & invalid:
+                load.outcome = wire.KV_LOAD_FAILED
+                self._learn_peer(load)
+
+    def _learn_peer(self, load: _Load) -> None:
+        """Loads from a prefill engine may be synchronous while its last one ended well."""
+        if load.outcome == wire.KV_LOAD_OK:
+            self._sync_peers.add(load.engine_id)
+        else:
+            self._sync_peers.discard(load.engine_id)
 
     def _holdings_in_the_way(self) -> bool:
         """Whether a request short of blocks waits because of holdings: blocks retained here
@@ -350,10 +442,16 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
 
 @dataclass
 class _Load:
-    """A request's load from a remote engine; ``outcome`` None while it runs."""
+    """A request's load from a remote engine; ``outcome`` None while it runs.
+
+    A synchronous load names the blocks it reads (``sync_blocks``), by which the worker reports
+    a failure, and is ``dispatched`` once it is in a step's metadata.
+    """
 
     engine_id: str
     outcome: str | None = None
+    sync_blocks: frozenset[int] | None = None
+    dispatched: bool = False
 
 
 def _idle_backoff(settings: ConnectorSettings) -> IdleBackoff:

@@ -36,7 +36,10 @@ class ConnectorSettings:
     ``idle_max_wait_seconds`` while new requests can end the wait (``idle.py``; a sleep of 0
     turns that off). NIXL's progress thread sleeps up to ``nixl_progress_delay_us`` between UCX
     events (``progress.py``; 0 is NIXL's own busy poll); ``demote_transfer_threads`` moves the
-    threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``).
+    threads NIXL starts to ``SCHED_IDLE`` (``affinity.py``). A decode engine loads up to
+    ``sync_load_max_tokens`` from a prefill engine it has loaded from before synchronously,
+    waiting at most ``sync_load_timeout_seconds`` for the read (``syncload.py``; 0 tokens turns
+    that off).
     """
 
     default_retention_seconds: float = DEFAULT_RETENTION_SECONDS
@@ -54,6 +57,8 @@ class ConnectorSettings:
     idle_sleep_seconds: float = 0.005
     idle_max_wait_seconds: float = 30.0
     host_tier_bytes: int = 0
+    sync_load_max_tokens: int = 512
+    sync_load_timeout_seconds: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -65,10 +70,11 @@ class ConnectorSettings:
             "nixl_progress_delay_us",
             "dead_peer_seconds",
             "peer_probe_seconds",
+            "sync_load_max_tokens",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("report_timeout_seconds", "pull_timeout_seconds"):
+        for name in ("report_timeout_seconds", "pull_timeout_seconds", "sync_load_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.report_queue_size < 1:
@@ -105,4 +111,7 @@ class ConnectorSettings:
             idle_sleep_seconds=float(extra.get(wire.EXTRA_IDLE_SLEEP_MS, 5.0)) / 1000,
             idle_max_wait_seconds=float(extra.get(wire.EXTRA_IDLE_MAX_WAIT_MS, 30_000.0)) / 1000,
             host_tier_bytes=int(extra.get(wire.EXTRA_HOST_TIER_BYTES, 0)),
+            sync_load_max_tokens=int(extra.get(wire.EXTRA_SYNC_LOAD_MAX_TOKENS, 512)),
+            sync_load_timeout_seconds=float(extra.get(wire.EXTRA_SYNC_LOAD_TIMEOUT_MS, 500.0))
+            / 1000,
         )

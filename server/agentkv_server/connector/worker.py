@@ -1,6 +1,6 @@
 """Worker half of ``AgentKVConnector``: NixlConnector's pull worker, made safe on CPU engines.
 
-Five changes to upstream:
+Six changes to upstream:
 
 * **Thread affinity.** On the CPU platform ``NixlBaseConnectorWorker.__init__`` calls
   ``os.sched_setaffinity(0, last_core_of_each_numa_node)`` to keep KV transfers off the cores
@@ -30,6 +30,12 @@ Five changes to upstream:
   handshake, read or heartbeat goes to it meanwhile. A peer a read waits on is probed off the
   worker thread (``peers.py``): a refused connection counts as that error (docs/connector.md,
   "Dead peers").
+* **Synchronous loads.** A load the scheduler half scheduled at once (``syncload.py``) is read
+  before the step's forward pass: its reads are posted and waited for, at most
+  ``sync_load_timeout_seconds``. One that failed, stalled or could not start reports its
+  blocks invalid (``get_block_ids_with_load_errors``), and vLLM computes them in this request
+  (``kv_load_failure_policy="recompute"``); it is never reported as a finished receive, which
+  vLLM expects only of requests still waiting for their KV.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from agentkv_server.connector.log import get_logger
 from agentkv_server.connector.peers import PeerProbe
 from agentkv_server.connector.progress import nixl_progress_delay
 from agentkv_server.connector.settings import ConnectorSettings
+from agentkv_server.connector.syncload import sync_loads_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,6 +76,8 @@ _PEER_PROBE_TIMEOUT_SECONDS = 0.5
 # The slowest read rate a pull is granted beyond ``pull_timeout_seconds``: a large context
 # over a slow link gets time in proportion, a stalled read is still found in seconds.
 PULL_FLOOR_BYTES_PER_SECOND = 500e6
+# How often a synchronous load's reads are checked while the forward pass waits for them.
+_SYNC_POLL_SECONDS = 0.0002
 
 
 class AgentKVWorker(NixlPullConnectorWorker):
@@ -96,6 +105,7 @@ class AgentKVWorker(NixlPullConnectorWorker):
         self._abandoned = Deadlines()
         self._quarantine = Deadlines()
         self._dead_peer_seconds = settings.dead_peer_seconds
+        self._sync_load_timeout = settings.sync_load_timeout_seconds
         self._peer_probe = (
             PeerProbe(timeout=_PEER_PROBE_TIMEOUT_SECONDS, interval=settings.peer_probe_seconds)
             if settings.peer_probe_seconds > 0
@@ -110,6 +120,77 @@ class AgentKVWorker(NixlPullConnectorWorker):
         for engine_id in [e for e in metadata.heartbeat_by_engine if e in self._quarantine]:
             del metadata.heartbeat_by_engine[engine_id]  # no handshake to a dead peer
         super().start_load_kv(metadata)
+        for req_id in sync_loads_of(metadata) & self._recving_metadata.keys():
+            self._complete_sync_load(req_id)
+
+    def _complete_sync_load(self, req_id: str) -> None:
+        """Wait for a synchronous load's reads; one not done in time fails its blocks."""
+        deadline = time.monotonic() + self._sync_load_timeout
+        while not self._reads_ended(req_id) and time.monotonic() < deadline:
+            time.sleep(_SYNC_POLL_SECONDS)
+            while not self._ready_requests.empty():  # a handshake finished meanwhile
+                self._read_blocks_for_req(*self._ready_requests.get_nowait())
+        posted = self._recving_transfers.pop(req_id, None)
+        transfers = {} if posted is None else {req_id: posted}
+        done, _ = self._pop_done_transfers(transfers)  # releases finished reads' handles
+        if req_id in done and req_id not in self._recv_failures:
+            if self._needs_conversion(req_id):
+                logger.error(
+                    "Request %s: its KV needs converting after the read, which a synchronous "
+                    "load skips; it is computed instead. Set agentkv_sync_load_max_tokens=0 "
+                    "for engine pairs whose block sizes or layouts differ.", req_id,
+                )  # fmt: skip
+                self._fail_sync_load(req_id)
+                return
+            self._recving_metadata.pop(req_id)
+            self._pull_deadlines.discard(req_id)
+            self._send_pending_recv_notifs(req_id)
+            return
+        self._recving_transfers.update(transfers)  # reads still running, for the abort below
+        if req_id not in self._recv_failures:
+            stalled = posted is not None
+            why = "no transfer within its synchronous wait" if stalled else "no read posted"
+            engine_id = self._remote_engine_of(req_id)
+            self._abandon_pull(req_id, why)
+            if stalled and engine_id is not None and engine_id not in self._quarantine:
+                self._quarantine_peer(engine_id)
+        self._fail_sync_load(req_id)
+
+    def _reads_ended(self, req_id: str) -> bool:
+        """Whether a pull has failed, or every read it posted has left NIXL's running state."""
+        if req_id in self._recv_failures:
+            return True
+        handles = self._recving_transfers.get(req_id)
+        return handles is not None and not any(self._transfer_running(h) for h in handles)
+
+    def _needs_conversion(self, req_id: str) -> bool:
+        """Whether upstream converts this pull's blocks after the read (other block sizes or
+        layouts than the peer's), which it does only for asynchronous loads."""
+        meta = self._recving_metadata[req_id]
+        assert meta.remote is not None and self.transfer_topo is not None
+        remote = self.transfer_topo.get_engine_info(meta.remote.engine_id)
+        return (
+            self.enable_permute_local_kv
+            or self.enable_heterogeneous_attn_post_process
+            or getattr(meta, "region_blocks_to_zero", None) is not None
+            or self.transfer_topo.block_size_ratio(remote.remote_block_size) != 1
+            or remote.remote_physical_blocks_per_logical
+            != self._physical_blocks_per_logical_kv_block
+        )
+
+    def _fail_sync_load(self, req_id: str) -> None:
+        """Report a synchronous load's blocks invalid and forget it: vLLM computes them."""
+        kept = self._recving_transfers.pop(req_id, None)
+        if kept:
+            logger.warning(
+                "Request %s: %d read(s) NIXL would not stop are dropped; they can only write "
+                "the prefill engine's KV of the same tokens.", req_id, len(kept),
+            )  # fmt: skip
+        self._recv_failures.discard(req_id)
+        self._pending_recv_notifs.pop(req_id, None)
+        self._pull_deadlines.discard(req_id)
+        meta = self._recving_metadata.pop(req_id)
+        self._invalid_block_ids.put({block for group in meta.local_block_ids for block in group})
 
     def _pull_allowance(self, meta: ReqMeta) -> float:
         """Seconds a pull may take: the timeout, plus its bytes at the floor rate."""

@@ -190,6 +190,7 @@ def take_kv_load(params: Any) -> bool | None:
         return None
     outcome = params.pop(wire.KV_LOAD, None)
     params.pop(wire.KV_LOAD_FROM, None)
+    params.pop(wire.KV_LOAD_SYNC, None)
     if outcome == wire.KV_LOAD_OK:
         return True
     if outcome == wire.KV_LOAD_FAILED:

@@ -143,6 +143,12 @@ class KVProbe:
             time.perf_counter() - started,
         )
 
+    def decode_first_token(self, prompt: Sequence[int], prefill: PrefillStep) -> PrefillStep:
+        """D's first token of ``prompt`` after P's step ``prefill``, with its top-k logprobs
+        for the oracle and D's params; D retains nothing of it."""
+        params = wire.decode_params(prefill.params, retention_s=0, ticket=None)
+        return self._first_token_step(self.d, prompt, kv_transfer_params=params)
+
     def turn(
         self,
         prompt: Sequence[int],

@@ -20,6 +20,8 @@ from vllm.v1.request import RequestStatus
 from agentkv_server.connector.blockwaits import BlockWaits
 from agentkv_server.connector.prefix import PrefixFingerprint
 from agentkv_server.connector.scheduler import AgentKVScheduler
+from agentkv_server.connector.settings import ConnectorSettings
+from agentkv_server.connector.syncload import sync_loads_of
 
 BLOCK = 16
 HELD = list(range(100, 100 + 4 * BLOCK))  # four whole blocks on the holder
@@ -39,6 +41,10 @@ def bare_scheduler() -> AgentKVScheduler:
     scheduler._loads = {}
     scheduler._block_waits = BlockWaits()
     scheduler._reporter = None
+    scheduler._settings = ConnectorSettings()
+    scheduler._sync_peers = set()
+    scheduler._sync_asked = {}
+    scheduler.block_size = BLOCK
     return scheduler
 
 
@@ -234,6 +240,7 @@ def test_a_decode_request_returns_how_its_load_from_prefill_ended(failed) -> Non
     assert params is not None
     assert params["agentkv_kv_load"] == ("failed" if failed else "ok")
     assert params["agentkv_kv_load_from"] == "prefill"
+    assert "agentkv_kv_load_sync" not in params  # a first load from a peer waits for its step
     assert params["remote_engine_id"] == "this-engine"  # upstream's own fields stay as they were
     assert scheduler._loads == {}
 
@@ -400,3 +407,139 @@ def test_only_live_holdings_are_in_the_way(monkeypatch) -> None:
     assert not scheduler._holdings_in_the_way()
     now = 102.0  # a pending free this old is not counted on: the holding is in the way again
     assert scheduler._holdings_in_the_way()
+
+
+# -- synchronous loads (connector/syncload.py) --------------------------------------------------
+
+
+def decoding(scheduler: AgentKVScheduler) -> AgentKVScheduler:
+    """What upstream's answer for a decode request's load touches."""
+    scheduler._has_mamba = scheduler._bounded_replay = False
+    scheduler.vllm_config.num_prefill_lookahead_tokens = 0
+    return scheduler
+
+
+def decode_turn(
+    scheduler: AgentKVScheduler, req_id: str, local_tokens: int
+) -> tuple[SimpleNamespace, tuple[int, bool]]:
+    """A decode request that finds ``local_tokens`` of its prompt in D's cache, and the
+    scheduler half's answer (tokens to load, whether asynchronously), its blocks allocated."""
+    request = decoding_request()
+    request.request_id = req_id
+    scheduler.on_new_request(request)
+    answer = scheduler.get_num_new_matched_tokens(request, local_tokens)
+    scheduler.update_state_after_alloc(request, request_blocks(local_tokens, answer), answer[0])
+    return request, answer
+
+
+def request_blocks(local_tokens: int, answer: tuple[int, bool]) -> SimpleNamespace:
+    """A decode request's blocks as vLLM's cache manager hands them over: the local hit's
+    (ids from 1, cached), then new ones (ids from 40). vLLM caches a synchronous load's whole
+    blocks at once; an asynchronous load's only once its read is done."""
+    hit = local_tokens // BLOCK
+    new = -(-(len(HELD) - local_tokens) // BLOCK)  # the prompt's last token included
+    count, load_async = answer
+    cached = hit if load_async else (local_tokens + count) // BLOCK
+    ids = [*range(1, hit + 1), *range(40, 40 + new)]
+    blocks = [
+        SimpleNamespace(block_hash=i < cached or None, is_null=False) for i in range(len(ids))
+    ]
+    return SimpleNamespace(
+        blocks=(blocks,),
+        get_block_ids=lambda: (list(ids),),
+        get_unhashed_block_ids_all_groups=lambda: ([ids[i] for i in range(cached, len(ids))],),
+    )
+
+
+def stepped(scheduler: AgentKVScheduler) -> frozenset[str]:
+    """The loads the step's metadata marks synchronous (``build_connector_meta``'s part)."""
+    meta = SimpleNamespace(reqs_to_recv=dict.fromkeys(scheduler._reqs_need_recv))
+    scheduler._reqs_need_recv.clear()
+    scheduler._dispatch_sync_loads(meta)
+    return sync_loads_of(meta)
+
+
+def test_a_decode_engine_loads_synchronously_from_a_prefill_engine_proven_by_a_load() -> None:
+    scheduler = decoding(finishing(bare_scheduler()))
+
+    first, answer = decode_turn(scheduler, "turn-1", local_tokens=0)
+    assert answer == (len(HELD), True)  # nothing known of the peer: vLLM's asynchronous load
+    assert stepped(scheduler) == frozenset()
+    scheduler.update_connector_output(transfer_output({"turn-1"}, set()))
+    finish(scheduler, first)
+
+    second, answer = decode_turn(scheduler, "turn-2", local_tokens=3 * BLOCK)
+    # The new block from a peer whose read worked, at once; its last token is computed.
+    assert answer == (BLOCK - 1, False)
+    assert stepped(scheduler) == {"turn-2"}
+    params = finish(scheduler, second)
+
+    assert params is not None
+    assert (params["agentkv_kv_load"], params["agentkv_kv_load_from"]) == ("ok", "prefill")
+    assert params["agentkv_kv_load_sync"] is True
+    assert scheduler._heartbeat_req_engine == {}  # its read ended in its step: no heartbeat
+
+
+def test_a_synchronous_load_reads_every_block_past_the_local_hit() -> None:
+    # vLLM has cached blocks 40-42 as it allocated them: upstream's plan would read only 43.
+    scheduler = decoding(finishing(bare_scheduler()))
+    scheduler._sync_peers.add("prefill")
+
+    _, answer = decode_turn(scheduler, "turn-2", local_tokens=0)
+
+    assert answer == (len(HELD) - 1, False)
+    _, read_into, local_blocks, awaiting = scheduler._reqs_need_recv["turn-2"]
+    assert (read_into, local_blocks, awaiting) == (([40, 41, 42, 43],), (0,), True)
+    assert scheduler._loads["turn-2"].sync_blocks == {40, 41, 42, 43}
+
+
+def test_an_asynchronous_load_keeps_upstreams_plan() -> None:
+    scheduler = decoding(finishing(bare_scheduler()))
+
+    decode_turn(scheduler, "turn-1", local_tokens=2 * BLOCK)
+
+    _, read_into, local_blocks, _ = scheduler._reqs_need_recv["turn-1"]
+    assert (read_into, local_blocks) == (([40, 41],), (2,))
+
+
+def test_a_long_read_stays_asynchronous() -> None:
+    scheduler = decoding(finishing(bare_scheduler()))
+    scheduler._settings = ConnectorSettings(sync_load_max_tokens=2 * BLOCK)
+    scheduler._sync_peers.add("prefill")
+
+    assert decode_turn(scheduler, "whole", local_tokens=0)[1] == (len(HELD), True)
+    assert decode_turn(scheduler, "short", local_tokens=2 * BLOCK)[1] == (2 * BLOCK - 1, False)
+
+
+def test_sync_loads_can_be_turned_off() -> None:
+    scheduler = decoding(finishing(bare_scheduler()))
+    scheduler._settings = ConnectorSettings(sync_load_max_tokens=0)
+    scheduler._sync_peers.add("prefill")
+
+    assert decode_turn(scheduler, "turn-2", local_tokens=3 * BLOCK)[1] == (BLOCK, True)
+
+
+def test_a_synchronous_load_whose_blocks_failed_returns_failed_and_the_next_waits() -> None:
+    scheduler = decoding(finishing(bare_scheduler()))
+    scheduler._sync_peers.add("prefill")
+    request, _ = decode_turn(scheduler, "turn-2", local_tokens=3 * BLOCK)
+    assert stepped(scheduler) == {"turn-2"}
+
+    # The worker reports the block it could not read; vLLM computes it in this request.
+    scheduler.update_connector_output(
+        SimpleNamespace(finished_sending=None, finished_recving=None, invalid_block_ids={40})
+    )
+    params = finish(scheduler, request)
+
+    assert params is not None and params["agentkv_kv_load"] == "failed"
+    assert params["agentkv_kv_load_sync"] is True
+    assert decode_turn(scheduler, "turn-3", local_tokens=3 * BLOCK)[1] == (BLOCK, True)
+
+
+def test_a_prefill_engine_pulls_holdings_asynchronously_from_a_proven_holder() -> None:
+    scheduler = finishing(bare_scheduler())
+    scheduler._sync_peers.add("decode")
+
+    count, load_async = scheduler.get_num_new_matched_tokens(pulling_request(), 0)
+
+    assert count == len(HELD) and load_async

@@ -7,6 +7,7 @@ path touches, so these tests also pin the upstream names the override relies on.
 from __future__ import annotations
 
 import inspect
+import queue
 import time
 from types import SimpleNamespace
 from unittest import mock
@@ -15,6 +16,7 @@ import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker
 
 from agentkv_server.connector.deadlines import Deadlines
+from agentkv_server.connector.syncload import mark_sync_loads
 from agentkv_server.connector.worker import PULL_FLOOR_BYTES_PER_SECOND, AgentKVWorker
 
 
@@ -31,6 +33,9 @@ class FakeNixl:
         if state == "DISCONNECT":
             raise RemoteDisconnect("NIXL_ERR_REMOTE_DISCONNECT")
         return state
+
+    def get_xfer_telemetry(self, handle: int) -> None:
+        return None
 
     def release_xfer_handle(self, handle: int) -> None:
         if handle in self.refuse:
@@ -61,7 +66,29 @@ def bare_worker(nixl: FakeNixl) -> AgentKVWorker:
     worker._invalid_engine_backoff = {}
     worker._remote_agents = {"decode": {(0, 0): "agent-d"}}
     worker.block_len_per_layer = []
+    worker._sync_load_timeout = 0.05
+    worker._ready_requests = queue.Queue()
+    worker._pending_recv_notifs = {}
+    worker._invalid_block_ids = queue.Queue()
+    worker.enable_permute_local_kv = worker.enable_heterogeneous_attn_post_process = False
+    worker._physical_blocks_per_logical_kv_block = 1
+    worker.transfer_topo = FakeTopology(remote_block_size=16, local_block_size=16)
     return worker
+
+
+class FakeTopology:
+    """What the worker knows of each handshaken peer's layout."""
+
+    def __init__(self, remote_block_size: int, local_block_size: int) -> None:
+        self.remote_block_size, self.local_block_size = remote_block_size, local_block_size
+
+    def get_engine_info(self, engine_id: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            remote_block_size=self.remote_block_size, remote_physical_blocks_per_logical=1
+        )
+
+    def block_size_ratio(self, remote_block_size: int) -> int:
+        return self.local_block_size // remote_block_size
 
 
 def pulling(
@@ -323,3 +350,108 @@ class FakeProbe:
 
     def probe(self, peer: str, host: str, port: int, now: float) -> None:
         self.probed.append((peer, host, port))
+
+
+# -- synchronous loads: read before the forward pass, or failed blocks (connector/syncload.py) --
+
+
+def invalid_blocks(worker: AgentKVWorker) -> set[int]:
+    return worker.get_block_ids_with_load_errors()
+
+
+def test_a_synchronous_load_whose_reads_are_done_is_over_before_the_forward_pass() -> None:
+    nixl = FakeNixl(states={11: "DONE", 12: "DONE"})
+    worker = bare_worker(nixl)
+    pulling(worker, "turn-2", [11, 12])
+
+    worker._complete_sync_load("turn-2")
+
+    assert nixl.released == [11, 12]
+    assert worker._recving_transfers == {} and worker._recving_metadata == {}  # never reported
+    assert not worker._recv_failures and "turn-2" not in worker._pull_deadlines
+    assert invalid_blocks(worker) == set()
+
+
+def test_a_synchronous_load_still_reading_at_its_timeout_fails_its_blocks_and_its_peer() -> None:
+    nixl = FakeNixl(states={11: "DONE", 12: "PROC"})
+    worker = bare_worker(nixl)
+    pulling(worker, "turn-2", [11, 12])
+    pulling(worker, "sibling", [21])
+
+    started = time.monotonic()
+    worker._complete_sync_load("turn-2")
+
+    assert 0.05 <= time.monotonic() - started < 1.0
+    assert invalid_blocks(worker) == {3, 4}  # vLLM computes them in this request
+    assert 12 in nixl.released
+    assert "turn-2" not in worker._recving_metadata and "turn-2" not in worker._recv_failures
+    assert "decode" in worker._quarantine
+    assert worker._recv_failures == {"sibling"}  # the peer's other pulls recompute too
+
+
+@pytest.mark.parametrize("state", ["ERR", "DISCONNECT"])
+def test_a_synchronous_load_whose_read_failed_fails_its_blocks_at_once(state: str) -> None:
+    nixl = FakeNixl(states={11: state})
+    worker = bare_worker(nixl)
+    pulling(worker, "turn-2", [11])
+
+    started = time.monotonic()
+    worker._complete_sync_load("turn-2")
+
+    assert time.monotonic() - started < 0.05  # no wait for the timeout
+    assert invalid_blocks(worker) == {3, 4}
+    assert worker._recving_metadata == {} and worker._recv_failures == set()
+    assert "decode" in worker._quarantine
+
+
+def test_a_synchronous_load_waits_for_a_handshake_that_completes_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def post(self: AgentKVWorker, req_id: str, meta: object) -> None:
+        self._recving_transfers[req_id] = [31]
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "_read_blocks_for_req", post)
+    worker = bare_worker(FakeNixl(states={31: "DONE"}))
+    meta = pulling(worker, "turn-2", None)
+    worker._ready_requests.put(("turn-2", meta))
+
+    worker._complete_sync_load("turn-2")
+
+    assert invalid_blocks(worker) == set() and worker._recving_metadata == {}
+
+
+def test_a_synchronous_load_whose_handshake_does_not_end_fails_and_posts_nothing_later() -> None:
+    worker = bare_worker(FakeNixl())
+    pulling(worker, "turn-2", None)
+
+    worker._complete_sync_load("turn-2")
+
+    assert invalid_blocks(worker) == {3, 4}
+    assert "turn-2" in worker._abandoned  # a late handshake posts no read into its blocks
+    assert "decode" not in worker._quarantine  # nothing is known against the peer
+
+
+def test_a_synchronous_load_whose_blocks_need_converting_is_computed_instead() -> None:
+    worker = bare_worker(FakeNixl(states={11: "DONE"}))
+    worker.transfer_topo = FakeTopology(remote_block_size=8, local_block_size=16)
+    pulling(worker, "turn-2", [11])
+
+    worker._complete_sync_load("turn-2")
+
+    assert invalid_blocks(worker) == {3, 4}
+    assert worker._recving_metadata == {}
+
+
+def test_start_load_kv_completes_only_the_loads_marked_synchronous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(NixlPullConnectorWorker, "start_load_kv", mock.Mock())
+    worker = bare_worker(FakeNixl(states={11: "DONE", 12: "DONE"}))
+    pulling(worker, "sync", [11])
+    pulling(worker, "async", [12])
+    metadata = SimpleNamespace(reqs_to_recv={}, heartbeat_by_engine={})
+    mark_sync_loads(metadata, {"sync"})
+
+    worker.start_load_kv(metadata)
+
+    assert worker._recving_transfers == {"async": [12]}  # left to upstream's poll

@@ -143,7 +143,9 @@ def test_the_outcome_is_read_from_params_and_taken_out_of_them() -> None:
     params = loaded("failed")
     assert take_kv_load(params) is False
     assert params == {"remote_num_tokens": 5}
-    assert take_kv_load(loaded("ok")) is True
+    synchronous = {**loaded("ok"), "agentkv_kv_load_sync": True}
+    assert take_kv_load(synchronous) is True
+    assert synchronous == {"remote_num_tokens": 5}
     assert take_kv_load({"remote_num_tokens": 5}) is None
     assert take_kv_load(loaded("later")) is None
     assert take_kv_load(None) is None
