@@ -33,6 +33,8 @@ def test_agentkv_keys() -> None:
             "agentkv_idle_sleep_ms": 0,
             "agentkv_idle_max_wait_ms": 2000,
             "agentkv_nixl_progress_delay_us": 0,
+            "agentkv_sync_load_max_tokens": 256,
+            "agentkv_sync_load_timeout_ms": 200,
         },
         environ={},
     )
@@ -42,6 +44,7 @@ def test_agentkv_keys() -> None:
     assert settings.report_url == "http://r:8000/internal/v1/kv-holdings"
     assert settings.secret == "s"
     assert settings.pull_timeout_seconds == 5.0
+    assert (settings.sync_load_max_tokens, settings.sync_load_timeout_seconds) == (256, 0.2)
 
 
 def test_router_url_and_secret_fall_back_to_the_environment() -> None:
@@ -59,6 +62,8 @@ def test_router_url_and_secret_fall_back_to_the_environment() -> None:
         {"agentkv_pull_timeout_seconds": 0},
         {"agentkv_report_queue_size": 0},
         {"agentkv_idle_sleep_ms": -1},
+        {"agentkv_sync_load_max_tokens": -1},
+        {"agentkv_sync_load_timeout_ms": 0},
     ],
 )
 def test_impossible_values_are_refused(extra: dict) -> None:
