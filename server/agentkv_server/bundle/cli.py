@@ -148,6 +148,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         secret=settings.secret.get_secret_value(),
         api_keys=tuple(key.get_secret_value() for key in settings.api_keys),
         port_base=args.port_base,
+        router_log_level=args.log_level,
     )
 
 

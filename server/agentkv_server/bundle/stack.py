@@ -94,6 +94,7 @@ class StackConfig:
     # (launcher.with_host_tier); 0: none.
     host_tier_gib: float = 0.0
     port_base: int | None = None
+    router_log_level: str = "warning"  # the router's --log-level
 
     def __post_init__(self) -> None:
         if self.decode < 1 or self.prefill < 0:
@@ -139,9 +140,9 @@ class StackConfig:
         if self.device != "cpu" or engines <= cores:
             return None
         return (
-            f"{engines} engines share {cores} CPU cores: an engine computing a turn slows the "
-            "engines on its core; prefill and decode engines never share one (idle engines use "
-            "almost no CPU; docs/faults.md)"
+            f"{engines} engines share {cores} CPU cores: engines on one core take turns, a "
+            "request on one may wait for the other's streams to end; prefill and decode engines "
+            "never share one (idle engines use almost no CPU; docs/engines.md, \"Cores\")"
         )
 
 
@@ -283,22 +284,27 @@ class Stack:
     def _free_ports(self, count: int) -> list[int]:
         return free_ports(count, self.config.host, pool=port_pool(self.config.port_base))
 
-    def _router_process(self) -> ManagedProcess:
+    def router_command(self, settings_file: Path) -> list[str]:
+        """The router's command line, in front of the started engines."""
         config = self.config
-        settings_file = config.log_dir / "router-settings.json"
-        settings_file.write_text(json.dumps(dict(config.router_settings), indent=2))
-        command = [
+        return [
             sys.executable, "-m", "agentkv_server.cli", "router",
             "--config", str(settings_file),
             "--host", config.host,
             "--port", str(self._router_port),
+            "--log-level", config.router_log_level,
             "--prefill-url", *(engine.url for engine in self.prefill),
             "--decode-url", *(engine.url for engine in self.decode),
         ]  # fmt: skip
+
+    def _router_process(self) -> ManagedProcess:
+        config = self.config
+        settings_file = config.log_dir / "router-settings.json"
+        settings_file.write_text(json.dumps(dict(config.router_settings), indent=2))
         url = f"http://{config.host}:{self._router_port}"
         return ManagedProcess(
             "router",
-            command,
+            self.router_command(settings_file),
             health_url=url + "/health",
             log_path=config.log_dir / "router.log",
             # Secrets travel in the environment: ps shows command lines, and a settings file

@@ -61,6 +61,14 @@ def test_serve_hands_router_options_to_the_router_and_keeps_the_secret_out_of_th
     assert (config.port, config.secret) == (9000, "s3cret")
 
 
+def test_serve_hands_its_log_level_to_the_router() -> None:
+    """A reproduction: ``agentkv serve --log-level debug`` was accepted and dropped, the router
+    logged at warning whatever was asked."""
+    assert serve_cli.stack_config(serve_args("--device=cpu")).router_log_level == "warning"
+    config = serve_cli.stack_config(serve_args("--device=cpu", "--log-level", "debug"))
+    assert config.router_log_level == "debug"
+
+
 def test_serve_passes_api_keys_unmasked_and_outside_the_settings_file() -> None:
     key = "k" * 20
     config = serve_cli.stack_config(serve_args("--device=cpu", "--api-key", key))

@@ -94,6 +94,13 @@ def test_plan_gives_each_engine_its_own_ports_cores_and_log(tmp_path: Path) -> N
         }
 
 
+def test_the_router_runs_at_the_stacks_log_level(tmp_path: Path) -> None:
+    stack = Stack(StackConfig(model=str(tmp_path), router_log_level="debug", log_dir=tmp_path))
+    command = stack.router_command(tmp_path / "router-settings.json")
+    assert command[command.index("--log-level") + 1] == "debug"
+    assert command[command.index("--config") + 1] == str(tmp_path / "router-settings.json")
+
+
 def test_only_decode_engines_get_the_host_tier(tmp_path: Path) -> None:
     config = StackConfig(model=str(tmp_path), router=False, host_tier_gib=2.0, log_dir=tmp_path)
     tiers = {spec.role: spec.host_tier_gib for spec in Stack(config).plan()}
