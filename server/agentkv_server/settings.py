@@ -224,7 +224,8 @@ class LocalPathSettings(_Frozen):
     set to it), so each of their steps is slowed by one slice, not by the whole prefill. The
     local path is taken only when it is predicted fastest, the new part is at most
     ``max_new_tokens`` (longer parts go to a prefill engine whatever the load), and, while the
-    holder decodes others, one slice adds at most ``max_stall_s`` to their inter-token delay.
+    holder decodes others, one slice adds at most ``max_stall_s`` to their inter-token delay
+    and at most ``max_slowed_share`` of the holder's recent gaps run beside a local prefill.
     """
 
     enabled: bool = Field(
@@ -236,6 +237,13 @@ class LocalPathSettings(_Frozen):
         ge=0,
         description="the TPOT budget: largest inter-token delay a local prefill may add to each "
         "decode step of the holder's running sequences",
+    )
+    max_slowed_share: float = Field(
+        0.005,
+        ge=0,
+        le=1,
+        description="the TPOT tail budget: largest share of a holder's recent decode gaps "
+        "(its last 2000) that may run beside a local prefill; a p99 moves only past 1 %",
     )
     slice_tokens: int = Field(
         64,

@@ -142,7 +142,7 @@ class StackConfig:
         return (
             f"{engines} engines share {cores} CPU cores: engines on one core take turns, a "
             "request on one may wait for the other's streams to end; prefill and decode engines "
-            "never share one (idle engines use almost no CPU; docs/engines.md, \"Cores\")"
+            'never share one (idle engines use almost no CPU; docs/engines.md, "Cores")'
         )
 
 

@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,6 +26,7 @@ from agentkv_server.router.fit import LinearFit
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 
 __all__ = [
+    "TAIL_WINDOW_GAPS",
     "Engine",
     "EnginePool",
     "HealthMonitor",
@@ -46,6 +48,9 @@ _SERVICE_ALPHA = 0.1
 # Weight of each local prefill's measurement in the fit of what slices add (the cost model's
 # default weight: a measurement is a whole turn's worth of steps, not one gap).
 _ADDED_ALPHA = 0.2
+# The recent gaps over which an engine counts those its local prefills slowed: a p99 over
+# 2000 gaps is their 20 slowest, so the share is read on the scale the tail is.
+TAIL_WINDOW_GAPS = 2000
 
 
 class StepTimes:
@@ -63,9 +68,21 @@ class StepTimes:
     the whole step (its fewer, slower steps: seconds x (1 - plain gap / mean gap)), against the
     tokens read: the holder serves the read between its decode steps, and P's compute of the
     new part after it costs the holder nothing.
+
+    Of its last ``TAIL_WINDOW_GAPS`` gaps it counts those that ran beside a local prefill
+    (``slowed_gaps``): what slices add bounds how slow such a gap is, this share how many
+    there are, and a TPOT p99 moves only once they are more than 1 % of the gaps.
     """
 
-    __slots__ = ("_added", "_prefills", "_read_delay", "_reads", "plain_s")
+    __slots__ = (
+        "_added",
+        "_prefills",
+        "_read_delay",
+        "_reads",
+        "_recent",
+        "plain_s",
+        "slowed_gaps",
+    )
 
     def __init__(self) -> None:
         self.plain_s: float | None = None
@@ -73,6 +90,8 @@ class StepTimes:
         self._read_delay: LinearFit | None = None
         self._prefills = _Window()  # local prefills: tokens their slices attend to
         self._reads = _Window()  # pulls' P steps: tokens read from this engine
+        self._recent: deque[bool] = deque(maxlen=TAIL_WINDOW_GAPS)  # beside a local prefill?
+        self.slowed_gaps = 0
 
     @property
     def local_prefills(self) -> int:
@@ -85,6 +104,19 @@ class StepTimes:
             window.gaps.append(gap_s)
         if not windows:
             self.plain_s = _running_mean(self.plain_s, gap_s)
+        self._count(slowed=bool(self._prefills.open))
+
+    @property
+    def window_gaps(self) -> int:
+        """The number of recent gaps ``slowed_gaps`` is counted over."""
+        return TAIL_WINDOW_GAPS
+
+    def _count(self, *, slowed: bool) -> None:
+        recent = self._recent
+        if len(recent) == recent.maxlen and recent[0]:
+            self.slowed_gaps -= 1
+        recent.append(slowed)
+        self.slowed_gaps += slowed
 
     @property
     def prefilling_tokens(self) -> int:

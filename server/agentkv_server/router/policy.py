@@ -40,6 +40,7 @@ __all__ = [
     "LOCAL_OVER_BUDGET",
     "LOCAL_SLOWS_OTHERS",
     "PULL_SLOWS_OTHERS",
+    "TAIL_OVER_BUDGET",
     "AlwaysPolicy",
     "CostModelPolicy",
     "Decision",
@@ -64,6 +65,10 @@ LOCAL_SLOWS_OTHERS = "local_slows_others"
 """The reason of a pull or a recompute where the local path, though within the stall budget
 and predicted faster, saves the turn fewer seconds than its slices add to the holder's running
 sequences together."""
+TAIL_OVER_BUDGET = "tail_over_budget"
+"""The reason of a pull or a recompute where the local path's slices would take the share of
+the holder's recent gaps that ran beside a local prefill past ``local.max_slowed_share``: the
+decoders' TPOT p99 would move, whatever P's queue."""
 HOST_TIER = "host_tier"
 """The reason of a local turn whose history comes back from its engine's host tier."""
 HOST_TIER_OVER_BUDGET = "host_tier_over_budget"
@@ -98,7 +103,9 @@ class TurnLoad:
     ``prefill_wait_s``: how long a prefill step would wait behind those in flight on the least
     busy prefill engine; ``read_delay_s``: what a pull of the holding adds to each of the
     holder's running sequences over its P step in all, as its streams showed it during earlier
-    pulls (placement.StepTimes; None until seen).
+    pulls (placement.StepTimes; None until seen); ``slowed_gaps``: of the holder's last
+    ``window_gaps`` stream gaps, those that ran beside a local prefill (``window_gaps`` None:
+    not counted, and no share to keep).
     """
 
     new_tokens: int
@@ -106,6 +113,8 @@ class TurnLoad:
     holder_added_s: float | None = None
     prefill_wait_s: float = 0.0
     read_delay_s: float | None = None
+    slowed_gaps: int = 0
+    window_gaps: int | None = None
 
     @property
     def holder_busy(self) -> bool:
@@ -378,12 +387,29 @@ class CostModelPolicy:
         limits = self._local_settings
         if load.new_tokens > limits.max_new_tokens:
             return "new_part_too_long"
+        if self._slows_too_many_gaps(load):
+            return TAIL_OVER_BUDGET
         # A sliced prefill whose cost the holder's streams have not shown yet is not held to
         # the budget at its bound, which overstates it: only a local turn beside running
         # sequences measures it (priced at the bound all the same: others_delay_s).
         if local.measured and local.added_itl_s > limits.max_stall_s:
             return "stall_over_budget"
         return None
+
+    def _slows_too_many_gaps(self, load: TurnLoad) -> bool:
+        """Whether the turn's slices, one gap of each running sequence per slice, would take
+        the holder's recent gaps beside a local prefill past ``max_slowed_share`` of them.
+
+        The stall budget bounds how slow such a gap is, not how many there are, and the over-
+        budget rule lets P's queue outweigh it: beside four agent sessions, whose cold first
+        turns kept P's queue seconds long, 34 of 72 follow-ups went local and slowed 98 of the
+        two decoders' 5427 gaps (1.8 %); the decoders' TPOT p99 was 250 ms against 113 ms
+        without them (docs/benchmarks.md, "Two decoders, four agent sessions"). A p99 moves
+        only once more than 1 % of the gaps are slow."""
+        if load.window_gaps is None or not load.holder_busy:
+            return False
+        slowed = load.slowed_gaps + self.slices(load.new_tokens) * load.holder_running
+        return slowed > self._local_settings.max_slowed_share * load.window_gaps
 
     def retention_s(self, hints: TurnHints) -> float:
         retention = self._retention

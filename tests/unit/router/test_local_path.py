@@ -16,7 +16,7 @@ from agentkv_server.router import (
     TurnLoad,
     UpstreamPolicy,
 )
-from agentkv_server.router.placement import StepTimes
+from agentkv_server.router.placement import TAIL_WINDOW_GAPS, StepTimes
 from agentkv_server.router.sessions import Holding
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
 from agentkv_server.testing import ManualClock
@@ -233,6 +233,59 @@ def test_one_local_prefill_is_enough_to_show_what_its_slices_cost():
     policy = cost_model(max_stall_s=0.2, slice_tokens=64)
     load = TurnLoad(new_tokens=180, holder_running=3, holder_added_s=added)
     assert policy.decide(held(4000), NOW, load).reason == "stall_over_budget"
+
+
+def test_step_times_count_their_recent_gaps_beside_a_local_prefill():
+    steps = StepTimes()
+    for _ in range(100):
+        steps.observe(0.080)
+    with steps.local_prefill(1000):
+        for _ in range(6):
+            steps.observe(0.200)
+    with steps.pull_read(1000):  # a pull's read slows no gap of the holder's tail
+        steps.observe(0.085)
+    assert (steps.slowed_gaps, steps.window_gaps) == (6, TAIL_WINDOW_GAPS)
+    for _ in range(TAIL_WINDOW_GAPS - 10):
+        steps.observe(0.080)
+    assert steps.slowed_gaps == 6  # still among the last 2000
+    for _ in range(10):
+        steps.observe(0.080)
+    assert steps.slowed_gaps == 0  # out of the window
+
+
+def tail(slowed_gaps: int, *, running: int = 2, wait_s: float = 5.0) -> TurnLoad:
+    """A follow-up of 150 new tokens behind P's queue of ``wait_s``, its holder decoding
+    ``running`` sequences whose last 2000 gaps ran ``slowed_gaps`` beside local prefills."""
+    return TurnLoad(150, running, prefill_wait_s=wait_s, slowed_gaps=slowed_gaps, window_gaps=2000)
+
+
+def test_local_turns_slow_at_most_a_share_of_the_holders_recent_gaps():
+    """Found beside four agent sessions: P's queue of cold first turns sent 34 of 72
+    follow-ups local (within the stall budget, or over it behind the queue), which slowed 98
+    of the two decoders' 5427 gaps; their TPOT p99 was 2.81x recompute's. A p99 moves only
+    once more than 1 % of the gaps are slow, whatever each one's delay."""
+    policy = cost_model(max_slowed_share=0.005, slice_tokens=64)  # 10 of 2000 gaps
+    assert policy.slices(150) == 3  # 3 slices x 2 sequences: 6 gaps
+    assert policy.decide(held(3000), NOW, tail(4)).path is KVPath.LOCAL
+    decision = policy.decide(held(3000), NOW, tail(5))
+    assert (decision.path, decision.reason) == (KVPath.PULL, "tail_over_budget")
+    crowded = tail(0, running=4)  # 12 gaps: more than the share allows at once
+    assert policy.decide(held(3000), NOW, crowded).reason == "tail_over_budget"
+    assert policy.decide(held(3000), NOW, tail(500, running=0)).path is KVPath.LOCAL  # idle
+    uncounted = TurnLoad(150, 2, prefill_wait_s=5.0, slowed_gaps=500)  # no window: no share
+    assert policy.decide(held(3000), NOW, uncounted).path is KVPath.LOCAL
+
+
+def test_over_the_stall_budget_ps_queue_does_not_outweigh_the_tail_budget():
+    policy = cost_model(max_stall_s=0.01, max_slowed_share=0.005)  # 150 tokens: 75 ms a step
+    assert policy.decide(held(3000), NOW, tail(0)).reason == "local_over_budget"
+    decision = policy.decide(held(3000), NOW, tail(9))
+    assert (decision.path, decision.reason) == (KVPath.PULL, "tail_over_budget")
+    host_tier = policy.decide_from_host_tier(3000, tail(9))
+    assert (host_tier.path, host_tier.reason) == (KVPath.RECOMPUTE, "tail_over_budget")
+    never = cost_model(max_slowed_share=0.0)
+    assert never.decide(held(3000), NOW, tail(0)).reason == "tail_over_budget"
+    assert never.decide(held(3000), NOW, tail(0, running=0)).path is KVPath.LOCAL
 
 
 def test_what_slices_add_grows_with_the_context_they_attend_to():
@@ -509,7 +562,9 @@ async def test_a_local_turn_is_priced_with_the_local_prefills_already_on_its_hol
     0.40-0.41 s where one such turn's took 0.22-0.23 s, under a budget of 0.2 s added."""
     # At the stubs' scale (0.1 ms a token): 2.5 ms added at 1000 tokens, ~1.8 ms for this
     # turn's ~730 alone, ~5.6 ms beside another of 1500: a budget of 3 ms takes one, not both.
-    router = await make_router(local={"enabled": True, "max_stall_s": 0.003, "slice_tokens": 40})
+    # (The share of gaps beside local prefills aside: a window of 2000 gaps is not simulated.)
+    local = {"enabled": True, "max_stall_s": 0.003, "slice_tokens": 40, "max_slowed_share": 1}
+    router = await make_router(local=local)
     first, engine = await held_session(router)
     for _ in range(50):  # the holder's streams: plain steps, then a ~1000-token local prefill
         engine.steps.observe(0.008)
@@ -528,6 +583,33 @@ async def test_a_local_turn_is_priced_with_the_local_prefills_already_on_its_hol
         "reuse",
         "stall_over_budget",
     )
+
+
+async def test_a_holder_whose_recent_gaps_ran_beside_local_prefills_sends_the_turn_to_p(
+    make_router,
+):
+    router = await make_router(local={"enabled": True, "slice_tokens": 40})
+    first, engine = await held_session(router)
+    for _ in range(50):
+        engine.steps.observe(0.008)
+    with engine.steps.local_prefill(1000):  # 0.5 % of the window: the share is spent
+        for _ in range(10):
+            engine.steps.observe(0.0085)
+
+    with engine.busy():
+        response = await router.chat(tool_result(first, 200), session="s1")
+
+    assert (response.headers["x-agentkv-kv-path"], plan_reason(response)) == (
+        "reuse",
+        "tail_over_budget",
+    )
+    decisions = 'agentkv_path_decisions_total{path="reuse",reason="tail_over_budget"}'
+    assert await router.metric(decisions) == 1
+    for _ in range(TAIL_WINDOW_GAPS):  # its tail clean again: local
+        engine.steps.observe(0.008)
+    with engine.busy():
+        again = await router.chat(tool_result(tool_result(first, 200), 200), session="s1")
+    assert again.headers["x-agentkv-kv-path"] == "local"
 
 
 @pytest.mark.parametrize(

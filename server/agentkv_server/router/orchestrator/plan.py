@@ -181,7 +181,11 @@ class Planner:
         read_delay_s = services.decode.measured(
             holder, lambda steps: steps.read_delay_s(holding.num_tokens)
         )
-        return TurnLoad(new_tokens, holder.inflight, added_s, min(waits, default=0.0), read_delay_s)
+        steps = holder.steps
+        return TurnLoad(
+            new_tokens, holder.inflight, added_s, min(waits, default=0.0), read_delay_s,
+            steps.slowed_gaps, steps.window_gaps,
+        )  # fmt: skip
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
         """The prompt's tokens on the holder, for the local path's choice; None when the policy
