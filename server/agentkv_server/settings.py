@@ -243,7 +243,8 @@ class LocalPathSettings(_Frozen):
         ge=0,
         le=1,
         description="the TPOT tail budget: largest share of a holder's recent decode gaps "
-        "(its last 2000) that may run beside a local prefill; a p99 moves only past 1 %",
+        "(all seen, up to its last 2000) that may run beside a local prefill; a p99 moves only "
+        "past 1 %",
     )
     slice_tokens: int = Field(
         64,

@@ -403,7 +403,7 @@ class CostModelPolicy:
         The stall budget bounds how slow such a gap is, not how many there are, and the over-
         budget rule lets P's queue outweigh it: beside four agent sessions, whose cold first
         turns kept P's queue seconds long, 34 of 72 follow-ups went local and slowed 98 of the
-        two decoders' 5427 gaps (1.8 %); the decoders' TPOT p99 was 250 ms against 113 ms
+        two decoders' 5427 gaps (1.8 %); the decoders' TPOT p99 was 250 ms, 112 ms
         without them (docs/benchmarks.md, "Two decoders, four agent sessions"). A p99 moves
         only once more than 1 % of the gaps are slow."""
         if load.window_gaps is None or not load.holder_busy:

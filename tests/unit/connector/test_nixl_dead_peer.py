@@ -60,6 +60,9 @@ def test_a_read_from_a_killed_holder_ends_in_an_error_and_its_handle_is_not_kept
     holder = context.Process(target=hold, args=(theirs,), daemon=True)
     holder.start()
     try:
+        # The holder re-imports this module by its package path: `python -m pytest` from the
+        # repository root (README), which puts the root on the spawned process's path.
+        assert ours.poll(60), f"the holder process did not start (exit code {holder.exitcode})"
         metadata, remote_address = ours.recv()
         agent = new_agent("puller")
         buffer = ctypes.create_string_buffer(SIZE)

@@ -237,6 +237,7 @@ def test_one_local_prefill_is_enough_to_show_what_its_slices_cost():
 
 def test_step_times_count_their_recent_gaps_beside_a_local_prefill():
     steps = StepTimes()
+    assert steps.window_gaps is None  # none of its streams relayed here: no tail to count
     for _ in range(100):
         steps.observe(0.080)
     with steps.local_prefill(1000):
@@ -244,10 +245,10 @@ def test_step_times_count_their_recent_gaps_beside_a_local_prefill():
             steps.observe(0.200)
     with steps.pull_read(1000):  # a pull's read slows no gap of the holder's tail
         steps.observe(0.085)
-    assert (steps.slowed_gaps, steps.window_gaps) == (6, TAIL_WINDOW_GAPS)
+    assert (steps.slowed_gaps, steps.window_gaps) == (6, 107)  # a share of the gaps seen
     for _ in range(TAIL_WINDOW_GAPS - 10):
         steps.observe(0.080)
-    assert steps.slowed_gaps == 6  # still among the last 2000
+    assert (steps.slowed_gaps, steps.window_gaps) == (6, TAIL_WINDOW_GAPS)  # still in
     for _ in range(10):
         steps.observe(0.080)
     assert steps.slowed_gaps == 0  # out of the window
@@ -624,8 +625,8 @@ async def test_a_holder_not_yet_measured_is_priced_by_what_the_other_decoder_mea
     added to each step) the turn would cost the holder's sequence more than it saves, and
     pulls; at what the other decoder measured (0.4 ms a step for this prompt) it goes local."""
     router = await make_router(
-        n_decode=2,
-        local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40},
+        n_decode=2,  # (the tail budget aside: 50 gaps seen leave no share for 5 slices)
+        local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 40, "max_slowed_share": 1},
         cost={"pull_overhead_s": 0.01},
     )
     first = conversation(1, 500)
