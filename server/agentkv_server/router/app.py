@@ -320,5 +320,12 @@ def _add_routes(app: FastAPI) -> None:
     async def metrics(request: Request) -> Response:
         state = _state(request)
         queues = [(engine.url, engine.backlog_s) for engine in state.prefill.engines]
-        text = state.metrics.render(await state.store.count(), state.ledger.figures(), queues)
+        shares = [
+            (engine.url, share)
+            for engine in state.decode.engines
+            if (share := engine.steps.slowed_share) is not None
+        ]
+        text = state.metrics.render(
+            await state.store.count(), state.ledger.figures(), queues, shares
+        )
         return Response(text, media_type=CONTENT_TYPE_LATEST)

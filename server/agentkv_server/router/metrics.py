@@ -26,6 +26,9 @@
   ``retained`` where holdings that had not been released were in the way: blockwaits.py)
 - ``agentkv_prefill_queue_seconds{engine}`` (gauge, refreshed at each scrape: the service a
   prefill engine's steps in flight still need, as the router predicts it: placement.StepQueue)
+- ``agentkv_local_slowed_gap_share{engine}`` (gauge, refreshed at each scrape: of the gaps of
+  a decode engine's streams this router relays, its last 2000, the share that ran beside a
+  local prefill: what ``local.max_slowed_share`` holds down, placement.StepTimes)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -194,6 +197,13 @@ class RouterMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.local_slowed_gap_share = Gauge(
+            "agentkv_local_slowed_gap_share",
+            "Of a decode engine's recent stream gaps relayed here (its last 2000), the share "
+            "that ran beside a local prefill.",
+            ["engine"],
+            registry=self.registry,
+        )
         self._decisions: dict[tuple[KVPath, str], Counter] = {}
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
@@ -265,10 +275,13 @@ class RouterMetrics:
         sessions_held: int,
         engines_kv: Iterable[EngineKVFigures] = (),
         prefill_queues: Iterable[tuple[str, float]] = (),
+        slowed_gap_shares: Iterable[tuple[str, float]] = (),
     ) -> bytes:
         self.sessions_held.set(sessions_held)
         for url, seconds in prefill_queues:
             self.prefill_queue.labels(engine=url).set(seconds)
+        for url, share in slowed_gap_shares:
+            self.local_slowed_gap_share.labels(engine=url).set(share)
         for kv in engines_kv:
             self.kv_held_tokens.labels(engine=kv.url).set(kv.held_tokens)
             if kv.held_bytes is not None:

@@ -116,6 +116,12 @@ class StepTimes:
         engine's streams (another replica's sessions) has no tail of it to count."""
         return len(self._recent) or None
 
+    @property
+    def slowed_share(self) -> float | None:
+        """``slowed_gaps`` as a share of ``window_gaps`` (None before the first gap)."""
+        window = self.window_gaps
+        return None if window is None else self.slowed_gaps / window
+
     def _count(self, *, slowed: bool) -> None:
         recent = self._recent
         if len(recent) == recent.maxlen and recent[0]:

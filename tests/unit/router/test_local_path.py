@@ -593,7 +593,7 @@ async def test_a_holder_whose_recent_gaps_ran_beside_local_prefills_sends_the_tu
     first, engine = await held_session(router)
     for _ in range(50):
         engine.steps.observe(0.008)
-    with engine.steps.local_prefill(1000):  # 0.5 % of the window: the share is spent
+    with engine.steps.local_prefill(1000):  # 10 of its 60 gaps: the share is spent
         for _ in range(10):
             engine.steps.observe(0.0085)
 
@@ -606,8 +606,11 @@ async def test_a_holder_whose_recent_gaps_ran_beside_local_prefills_sends_the_tu
     )
     decisions = 'agentkv_path_decisions_total{path="reuse",reason="tail_over_budget"}'
     assert await router.metric(decisions) == 1
+    share = f'agentkv_local_slowed_gap_share{{engine="{engine.url}"}}'
+    assert await router.metric(share) == pytest.approx(10 / 60)
     for _ in range(TAIL_WINDOW_GAPS):  # its tail clean again: local
         engine.steps.observe(0.008)
+    assert await router.metric(share) == 0
     with engine.busy():
         again = await router.chat(tool_result(tool_result(first, 200), 200), session="s1")
     assert again.headers["x-agentkv-kv-path"] == "local"
