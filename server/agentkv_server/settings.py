@@ -1,16 +1,17 @@
 """One typed settings object for the router, ``agentkv serve`` and the benchmark.
 
 Everything a deployment can tune lives here, grouped in small frozen value objects (timeouts,
-retention, cost model) so that call sites read ``settings.timeouts.prefill_s`` rather than a
+retention, cost model) so that call sites read ``settings.timeouts.first_token_s`` rather than a
 long flat list. Build it in code, from a dict with ``Settings.model_validate``, or in layers with
 :func:`load_settings`: a ``--config`` file (JSON or YAML), then ``AGENTKV_*`` environment
-variables (``AGENTKV_POLICY=never``, ``AGENTKV_TIMEOUTS__PREFILL_S=30``), then command-line
+variables (``AGENTKV_POLICY=never``, ``AGENTKV_TIMEOUTS__FIRST_TOKEN_S=300``), then command-line
 options (``agentkv router``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +35,7 @@ from agentkv_server.errors import ConfigError
 from agentkv_server.wire import ENV_PREFIX
 
 __all__ = [
+    "AdmissionSettings",
     "CapacitySettings",
     "CostModelSettings",
     "FaultSettings",
@@ -48,6 +50,8 @@ __all__ = [
     "read_config_file",
 ]
 
+logger = logging.getLogger(__name__)
+
 PolicyName = Literal["agentkv", "upstream", "upstream-best", "never", "always"]
 """``agentkv``: cost model + client hints; ``upstream``: imitates vLLM's example proxy;
 ``upstream-best``: that proxy once streamed turns report their holdings; ``never``: always
@@ -59,8 +63,12 @@ class _Frozen(BaseModel):
 
 
 class Timeouts(_Frozen):
-    """Seconds allowed for each step; a step that runs over counts as an engine failure, except
-    for its wait for a free connection (``pool_s``), which is the router's own."""
+    """Seconds allowed for a turn and for each call to an engine.
+
+    Only what an engine does blames it (a connect refused or not answered in ``connect_s``, a
+    dropped connection, no progress: ``faults``). A turn that runs out of ``first_token_s``
+    while its engines are busy ends with 504 ``turn_timeout``; no engine is marked down and
+    the turn is not repeated elsewhere (docs/faults.md, "Busy is not dead")."""
 
     connect_s: float = Field(2.0, gt=0, description="TCP connect to an engine")
     pool_s: float = Field(
@@ -70,15 +78,20 @@ class Timeouts(_Frozen):
         "max_connections_per_engine), within the step's own timeout; past it the step fails "
         "as the router's own failure, never the engine's",
     )
-    prefill_s: float = Field(120.0, gt=0, description="whole prefill step (P answers max_tokens=1)")
+    first_token_s: float = Field(
+        600.0,
+        gt=0,
+        description="a turn's deadline from its arrival to its first token (its wait in the "
+        "router's queue and its prefill step included; a non-streamed turn: until its decode "
+        "step starts); past it the turn ends with 504 turn_timeout, no engine blamed",
+    )
     pull_s: float = Field(
         30.0,
         gt=0,
         description="a prefill step that pulls held KV while its engine makes no progress this "
         "long counts as stalled, and P recomputes (a holder dying mid-transfer can leave the "
-        "step waiting); a P busy with other prompts is waited for, up to prefill_s",
+        "step waiting); a P busy with other prompts is waited for",
     )
-    first_token_s: float = Field(120.0, gt=0, description="decode step until its first byte")
     decode_s: float = Field(600.0, gt=0, description="whole decode step, streaming included")
     health_s: float = Field(2.0, gt=0, description="one GET /health probe")
     release_s: float = Field(5.0, gt=0, description="a release request to a decode engine")
@@ -98,6 +111,21 @@ class Timeouts(_Frozen):
         "holding report, so that the client's next turn finds the holding",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """``prefill_s`` (a prefill step's own deadline, which marked a busy P down) is read
+        as ``first_token_s``: the bound its users meant, now on the whole turn."""
+        if isinstance(data, Mapping) and "prefill_s" in data:
+            data = dict(data)
+            prefill_s = data.pop("prefill_s")
+            data.setdefault("first_token_s", prefill_s)
+            logger.warning(
+                "timeouts.prefill_s is deprecated: read as timeouts.first_token_s, which bounds "
+                "the whole turn (docs/faults.md, 'Busy is not dead')"
+            )
+        return data
+
 
 class FaultSettings(_Frozen):
     """How fast the router notices a dead or hung engine (docs/faults.md).
@@ -105,9 +133,10 @@ class FaultSettings(_Frozen):
     Before a pull is planned, the holder must have answered within ``liveness_cache_s`` or
     answer ``GET /health`` within ``liveness_timeout_s``: a holder that cannot answer means a
     recompute, never a pull P would wait on. While an engine step runs, the router reads the
-    engine's progress (``GET /metrics`` token counters) every ``progress_every_s``; the step is
-    hung when ``unanswered_probes`` reads in a row get no answer (a frozen or dead engine) or the
-    counters stay flat for ``stall_s`` (a blocked engine core). A stream already passed on that
+    engine's progress (``GET /metrics``: its token counters and the gauges vLLM updates at every
+    engine step) every ``progress_every_s``; the step is hung when ``unanswered_probes`` reads in
+    a row get no answer (a frozen or dead engine) or none of them moves for ``stall_s`` (a
+    blocked engine core). A queue is not a stall: an engine busy with other steps moves them. A stream already passed on that
     is silent for ``progress_every_s`` asks ``GET /health`` (``liveness_timeout_s`` each), and
     ``unanswered_probes`` unanswered in a row end it (it is then continued elsewhere). A hung
     step is aborted (its connection closed, which aborts the request in vLLM), the engine is
@@ -128,9 +157,9 @@ class FaultSettings(_Frozen):
     stall_s: float = Field(
         60.0,
         gt=0,
-        description="token counters flat this long make a step stalled; longer than any one "
-        "legitimate prefill (vLLM counts a prompt's tokens only when it is done: a cold "
-        "prefill on a loaded 2-core machine showed flat counters for over 15 s)",
+        description="no engine step seen this long (its progress series all flat) makes a "
+        "step stalled; longer than any one engine step (vLLM computes a long prompt in chunks, "
+        "each a step that moves its KV cache usage)",
     )
     stream_resumes: int = Field(
         2,
@@ -284,6 +313,34 @@ class PairSettings(_Frozen):
         return self
 
 
+class AdmissionSettings(_Frozen):
+    """How turns wait for prefill engines, and when they are refused (docs/router.md,
+    "Admission").
+
+    Each prefill engine is sent work while what it already has is predicted to take at most
+    ``prefill_queue_s`` more; the rest waits in the router, where follow-ups of running sessions
+    go before new sessions' first turns and tenants take turns. A turn predicted to wait longer
+    than ``max_wait_s`` is refused as it arrives: 503 with ``Retry-After``.
+    """
+
+    enabled: bool = Field(
+        True, description="False: every turn goes to its prefill engine at once, none refused"
+    )
+    max_wait_s: float = Field(
+        300.0,
+        gt=0,
+        description="the longest predicted wait for a prefill engine a turn is accepted with "
+        "(a TTFT objective); beyond it the turn is refused at once with 503 and Retry-After",
+    )
+    prefill_queue_s: float = Field(
+        2.0,
+        ge=0,
+        description="predicted seconds of work a prefill engine may have beyond a new step "
+        "before the router holds new steps back (its queue is first-come first-served; the "
+        "router's is by priority)",
+    )
+
+
 class Settings(_Frozen):
     """Configuration of one router (and of the engines ``agentkv serve`` starts for it)."""
 
@@ -328,6 +385,7 @@ class Settings(_Frozen):
     local: LocalPathSettings = LocalPathSettings()
     pairs: PairSettings = PairSettings()
     capacity: CapacitySettings = CapacitySettings()
+    admission: AdmissionSettings = AdmissionSettings()
 
     @field_validator("api_keys")
     @classmethod

@@ -43,8 +43,9 @@ from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
 from agentkv_server.router.intake import read_json, read_request
 from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.orchestrator import Orchestrator
-from agentkv_server.router.placement import EnginePool, HealthMonitor
+from agentkv_server.router.placement import Engine, EnginePool, HealthMonitor
 from agentkv_server.router.policy import CostModelPolicy, ReusePolicy, make_policy
+from agentkv_server.router.queue import Priority, StepQueue
 from agentkv_server.router.redis_store import RedisStore
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
@@ -120,8 +121,11 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
         timeout_s=settings.timeouts.store_s,
         retry_after_s=settings.store_retry_s,
     )
-    prefill = EnginePool("prefill", settings.prefill_urls)
-    decode = EnginePool("decode", settings.decode_urls, last_resort=True)
+    on_down = _count_marked_down(metrics)
+    prefill = EnginePool(
+        "prefill", settings.prefill_urls, queue=_prefill_queue(settings, policy), on_down=on_down
+    )
+    decode = EnginePool("decode", settings.decode_urls, last_resort=True, on_down=on_down)
     ledger = _make_ledger(settings, policy, metrics)
     keeper = HoldingKeeper(
         resilient,
@@ -152,6 +156,22 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
     )
 
 
+def _prefill_queue(settings: Settings, policy: ReusePolicy) -> Callable[[], StepQueue]:
+    """Each prefill engine's queue: holding back what the engine need not have yet, priced at
+    the policy's prefill rate until the engine served a step."""
+    admission = settings.admission
+    hold_beyond_s = admission.prefill_queue_s if admission.enabled else None
+    prior = _prefill_rate(settings, policy)
+    return lambda: StepQueue(hold_beyond_s=hold_beyond_s, prior_s_per_token=prior)
+
+
+def _count_marked_down(metrics: RouterMetrics) -> Callable[[Engine, str], None]:
+    def marked_down(engine: Engine, why: str) -> None:
+        metrics.record_marked_down(engine.role, why)
+
+    return marked_down
+
+
 def _make_ledger(settings: Settings, policy: ReusePolicy, metrics: RouterMetrics) -> CapacityLedger:
     """The capacity ledger; it sheds holdings only where the policy manages capacity."""
     capacity = settings.capacity
@@ -176,7 +196,7 @@ def _prefill_rate(settings: Settings, policy: ReusePolicy) -> Callable[[], float
 
 def _make_store(settings: Settings) -> SessionStore:
     # A ticket (and an ended session's tombstone) must outlive the longest turn.
-    ticket_ttl_s = settings.timeouts.prefill_s + settings.timeouts.decode_s + 60.0
+    ticket_ttl_s = settings.timeouts.first_token_s + settings.timeouts.decode_s + 60.0
     if settings.redis_url:
         return RedisStore.from_url(
             settings.redis_url,
@@ -325,7 +345,11 @@ def _add_routes(app: FastAPI) -> None:
             for engine in state.decode.engines
             if (share := engine.steps.slowed_share) is not None
         ]
+        waiting = [
+            (priority.label, sum(e.queue.held_count(priority) for e in state.prefill.engines))
+            for priority in Priority
+        ]
         text = state.metrics.render(
-            await state.store.count(), state.ledger.figures(), queues, shares
+            await state.store.count(), state.ledger.figures(), queues, shares, waiting
         )
         return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -2,7 +2,7 @@
 
 Settings come in layers, each overriding the one before: defaults, the ``--config`` file (JSON
 or YAML), ``AGENTKV_*`` environment variables (every field: ``AGENTKV_DECODE_URLS=http://d:8200``,
-``AGENTKV_TIMEOUTS__PREFILL_S=30``), then the options given. ``add_arguments`` and
+``AGENTKV_TIMEOUTS__FIRST_TOKEN_S=300``), then the options given. ``add_arguments`` and
 ``settings_from_args`` are public so that ``agentkv serve`` offers the same options and builds
 the same :class:`~agentkv_server.settings.Settings`.
 """
@@ -46,6 +46,7 @@ DEPRECATED_OPTIONS = {
     "--prefill": "--prefill-url",
     "--decode": "--decode-url",
     "--redis": "--redis-url",
+    "--prefill-timeout": "--first-token-timeout",
 }
 """Old spellings that still work (``agentkv`` warns): old -> new."""
 
@@ -93,14 +94,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a client API key (repeatable; default ${API_KEYS_ENV}, comma-separated): "
         "clients must send 'Authorization: Bearer KEY' and get their own session namespace",
     )
+    parser.add_argument(
+        "--first-token-timeout",
+        "--prefill-timeout",
+        type=float,
+        dest="first_token_s",
+        metavar="S",
+        help="a turn's deadline from its arrival to its first token, its waits for busy "
+        "engines included; past it the client gets 504 and no engine is blamed (default 600)",
+    )
     timeouts = (
-        ("--prefill-timeout", "prefill_s", "a whole prefill step (default 120)"),
-        ("--first-token-timeout", "first_token_s", "a decode step until its first byte (120)"),
         ("--decode-timeout", "decode_s", "a whole decode step, streaming included (600)"),
         ("--connect-timeout", "connect_s", "a TCP connect to an engine (2)"),
     )
     for flag, dest, what in timeouts:
         parser.add_argument(flag, type=float, dest=dest, metavar="S", help=f"seconds for {what}")
+    parser.add_argument(
+        "--max-queue-wait",
+        type=float,
+        dest="max_wait_s",
+        metavar="S",
+        help="refuse a turn at once (503 with Retry-After) when it would wait longer than this "
+        "for a prefill engine: a TTFT objective (default 300; docs/router.md, Admission)",
+    )
     parser.add_argument(
         "--max-body-bytes", type=int, metavar="N", help="largest request body (default 16 MiB)"
     )
@@ -160,7 +176,7 @@ _OPTION_FIELDS = (
     "prefill_urls",
     "decode_urls",
 )
-_TIMEOUT_FIELDS = ("prefill_s", "first_token_s", "decode_s", "connect_s")
+_TIMEOUT_FIELDS = ("first_token_s", "decode_s", "connect_s")
 
 
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -181,6 +197,8 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
         given["timeouts"] = timeouts
     if getattr(args, "no_local", False):
         given["local"] = {"enabled": False}
+    if getattr(args, "max_wait_s", None) is not None:
+        given["admission"] = {"max_wait_s": args.max_wait_s}
     if getattr(args, "api_keys", None):
         given["api_keys"] = args.api_keys
     source = f"settings (config file {args.config})" if from_file else "settings"

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentkv_server.errors import AgentKVServerError
 
-__all__ = ["RouterError", "error_response", "install_error_handlers"]
+__all__ = ["RouterError", "TurnTimedOut", "error_response", "install_error_handlers"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,25 @@ class RouterError(AgentKVServerError):
             code=self.code,
             headers=self.headers,
         )
+
+
+class TurnTimedOut(RouterError):
+    """A turn that reached ``timeouts.first_token_s`` before its first token, in ``phase``
+    (``queue``: held in the router; ``prefill`` or ``decode``: waiting for that engine). 504;
+    its work is not repeated elsewhere, and no engine is blamed: a busy engine is not a dead
+    one (docs/faults.md, "Busy is not dead")."""
+
+    def __init__(self, phase: str, deadline_s: float, headers: Mapping[str, str]) -> None:
+        where = {"queue": "waiting for a prefill engine"}.get(phase, f"in its {phase} step")
+        super().__init__(
+            504,
+            f"The turn reached its deadline of {deadline_s:g} s to its first token {where}: "
+            "the engines are busy. It was stopped, not retried elsewhere.",
+            type="server_error",
+            code="turn_timeout",
+            headers={**headers, "x-should-retry": "false"},
+        )
+        self.phase = phase
 
 
 def error_response(

@@ -25,13 +25,15 @@ ErrorKind = Literal[
     "stall",
     "hang",
     "router",
+    "deadline",
 ]
 """Why an engine step failed. ``connect``: a new connection refused or unreachable;
 ``disconnect``: the engine closed or reset a connection before its answer ended; ``stall``: a
 step whose engine answered but made no progress (docs/faults.md), or a prefill step that pulled
 KV ran past ``timeouts.pull_s`` (then P is not blamed); ``hang``: a step whose engine stopped
 answering progress probes; ``router``: the router's own failure (no free connection in time, no
-socket)."""
+socket); ``deadline``: the turn ran out of ``timeouts.first_token_s`` while its step waited
+(never the engine's fault: it was busy, not dead)."""
 LOST: Final[frozenset[ErrorKind]] = frozenset({"connect"})
 """The engine's process is gone: down, and every holding issued before is void."""
 STUCK: Final[frozenset[ErrorKind]] = frozenset({"timeout", "hang", "stall"})

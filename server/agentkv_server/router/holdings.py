@@ -201,6 +201,15 @@ class HoldingKeeper:
         )
         if holding is None:
             return None
+        return await self._keep(holding, ticket.next_turn_s)
+
+    async def give_back(self, holding: Holding) -> None:
+        """A turn took ``holding`` and was refused before using it: the session keeps it for
+        the client's next try (unless a newer one was recorded meanwhile)."""
+        await self._keep(holding, None)
+
+    async def _keep(self, holding: Holding, next_turn_s: float | None) -> Holding | None:
+        """``holding`` in the store and the ledger; None when it was refused or released."""
         losers = await self._store.offer(holding)
         self.release_soon(losers)
         if holding in losers:
@@ -209,7 +218,7 @@ class HoldingKeeper:
             return holding
         for loser in losers:
             self._ledger.discard(loser.session_key, loser)
-        if victims := self._ledger.add(holding, ticket.next_turn_s):
+        if victims := self._ledger.add(holding, next_turn_s):
             await self._evict(victims)
         return None if holding in victims else holding
 

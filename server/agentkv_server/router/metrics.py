@@ -25,10 +25,21 @@
   engine requests waited for KV blocks before they were admitted, as the engines reported it;
   ``retained`` where holdings that had not been released were in the way: blockwaits.py)
 - ``agentkv_prefill_queue_seconds{engine}`` (gauge, refreshed at each scrape: the service a
-  prefill engine's steps in flight still need, as the router predicts it: placement.StepQueue)
+  prefill engine's steps in flight still need, and those the router holds back for it, as the
+  router predicts it: queue.StepQueue)
 - ``agentkv_local_slowed_gap_share{engine}`` (gauge, refreshed at each scrape: of the gaps of
   a decode engine's streams this router relays, its last 2000, the share that ran beside a
   local prefill: what ``local.max_slowed_share`` holds down, placement.StepTimes)
+- ``agentkv_admission_refused_total{priority,tenant}`` (turns refused as they arrived, 503 with
+  ``Retry-After``: admission.py), ``agentkv_admission_queued_total{priority,tenant}`` (turns the
+  router held back for a busy prefill engine), ``agentkv_admission_wait_seconds{priority}``
+  (histogram: each prefill step's wait in the router's queue, 0 when sent at once) and
+  ``agentkv_admission_waiting{priority}`` (gauge, refreshed at each scrape: turns held now);
+  ``priority`` is ``follow_up`` or ``new``, ``tenant`` the API key's id or ``anonymous``
+- ``agentkv_engines_marked_down_total{role,kind}`` (engines that went from healthy to down, by
+  the failure's kind, or ``health`` when their periodic probes failed)
+- ``agentkv_turns_timed_out_total{phase="queue|prefill|decode"}`` (turns that reached
+  ``timeouts.first_token_s`` before their first token, answered 504: no engine is blamed)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -44,9 +55,13 @@ from agentkv_server.router import blockwaits
 from agentkv_server.router.failures import ErrorKind
 from agentkv_server.router.turn import KVPath
 
-__all__ = ["EngineKVFigures", "RouterMetrics"]
+__all__ = ["ANONYMOUS", "EngineKVFigures", "RouterMetrics"]
+
+ANONYMOUS = "anonymous"
+"""The ``tenant`` label of turns without an API key (a router configured with none)."""
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5)
 
 
@@ -192,8 +207,8 @@ class RouterMetrics:
         )
         self.prefill_queue = Gauge(
             "agentkv_prefill_queue_seconds",
-            "Seconds of service a prefill engine's steps in flight still need, as predicted "
-            "from the tokens each computes (what a pull or a recompute would wait).",
+            "Seconds of service a prefill engine's steps in flight still need, and those the "
+            "router holds back for it, as predicted from the tokens each computes.",
             ["engine"],
             registry=self.registry,
         )
@@ -202,6 +217,46 @@ class RouterMetrics:
             "Of a decode engine's recent stream gaps relayed here (its last 2000), the share "
             "that ran beside a local prefill.",
             ["engine"],
+            registry=self.registry,
+        )
+        self.admission_refused = Counter(
+            "agentkv_admission_refused_total",
+            "Turns refused as they arrived (503 with Retry-After): their predicted wait for a "
+            "prefill engine exceeded admission.max_wait_s.",
+            ["priority", "tenant"],
+            registry=self.registry,
+        )
+        self.admission_queued = Counter(
+            "agentkv_admission_queued_total",
+            "Turns the router held back while their prefill engine was busy.",
+            ["priority", "tenant"],
+            registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "agentkv_admission_wait_seconds",
+            "Seconds each prefill step waited in the router's queue (0: sent at once).",
+            ["priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.admission_waiting = Gauge(
+            "agentkv_admission_waiting",
+            "Turns held back in the router's queue now.",
+            ["priority"],
+            registry=self.registry,
+        )
+        self.engines_marked_down = Counter(
+            "agentkv_engines_marked_down_total",
+            "Engines that went from healthy to down, by why (a failure's kind, or health: "
+            "their periodic probes failed).",
+            ["role", "kind"],
+            registry=self.registry,
+        )
+        self.turns_timed_out = Counter(
+            "agentkv_turns_timed_out_total",
+            "Turns that reached timeouts.first_token_s before their first token (504), by the "
+            "phase they were in.",
+            ["phase"],
             registry=self.registry,
         )
         self._decisions: dict[tuple[KVPath, str], Counter] = {}
@@ -237,6 +292,21 @@ class RouterMetrics:
 
     def record_engine_error(self, role: str, kind: ErrorKind) -> None:
         self.engine_errors.labels(role=role, kind=kind).inc()
+
+    def record_refused(self, priority: str, tenant: str | None) -> None:
+        self.admission_refused.labels(priority=priority, tenant=tenant or ANONYMOUS).inc()
+
+    def record_admission_wait(self, priority: str, tenant: str | None, waited_s: float) -> None:
+        """A prefill step sent after ``waited_s`` in the router's queue (0: at once)."""
+        self.admission_wait.labels(priority=priority).observe(waited_s)
+        if waited_s > 0:
+            self.admission_queued.labels(priority=priority, tenant=tenant or ANONYMOUS).inc()
+
+    def record_marked_down(self, role: str, kind: str) -> None:
+        self.engines_marked_down.labels(role=role, kind=kind).inc()
+
+    def record_turn_timed_out(self, phase: str) -> None:
+        self.turns_timed_out.labels(phase=phase).inc()
 
     def record_stream_resumed(self) -> None:
         self.streams_resumed.inc()
@@ -276,8 +346,11 @@ class RouterMetrics:
         engines_kv: Iterable[EngineKVFigures] = (),
         prefill_queues: Iterable[tuple[str, float]] = (),
         slowed_gap_shares: Iterable[tuple[str, float]] = (),
+        admission_waiting: Iterable[tuple[str, int]] = (),
     ) -> bytes:
         self.sessions_held.set(sessions_held)
+        for priority, count in admission_waiting:
+            self.admission_waiting.labels(priority=priority).set(count)
         for url, seconds in prefill_queues:
             self.prefill_queue.labels(engine=url).set(seconds)
         for url, share in slowed_gap_shares:

@@ -24,15 +24,14 @@ from typing import Literal
 from agentkv_server.router.failures import LOST, SUSPECT, ErrorKind, wire_kind
 from agentkv_server.router.fit import LinearFit
 from agentkv_server.router.http_client import HTTPClient, HTTPError, Timeout
+from agentkv_server.router.queue import StepQueue
 
 __all__ = [
     "TAIL_WINDOW_GAPS",
     "Engine",
     "EnginePool",
     "HealthMonitor",
-    "QueuedStep",
     "Role",
-    "StepQueue",
     "StepTimes",
     "probe_health",
 ]
@@ -43,8 +42,6 @@ Role = Literal["prefill", "decode"]
 
 # Weight of each new gap in StepTimes' running mean of plain steps: a few dozen steps of memory.
 _STEP_ALPHA = 0.05
-# Weight of each served step in StepQueue's fit: the last ten or so steps.
-_SERVICE_ALPHA = 0.1
 # Weight of each local prefill's measurement in the fit of what slices add (the cost model's
 # default weight: a measurement is a whole turn's worth of steps, not one gap).
 _ADDED_ALPHA = 0.2
@@ -210,80 +207,6 @@ def _at(fit: LinearFit | None, tokens: int) -> float | None:
     return max(intercept + slope * tokens, 0.0)
 
 
-class StepQueue:
-    """The whole steps in flight on an engine, each with the tokens it computes, and how long
-    the engine takes to serve a step against those tokens: what a new step waits behind.
-
-    A prefill engine's steps range from a pull's few hundred new tokens to a cold first turn's
-    whole history, so a count of steps in flight times their mean time says little: on the
-    pressure preset a follow-up's pull waited 13.8 s behind cold first turns where that
-    estimate saw a few seconds (docs/router.md, "P's queue").
-    """
-
-    __slots__ = ("_fit", "_in_flight", "_last_end", "_queued_at_last_end")
-
-    def __init__(self) -> None:
-        self._fit: LinearFit | None = None
-        self._in_flight: dict[QueuedStep, None] = {}  # in the order they were sent
-        self._last_end: float | None = None
-        self._queued_at_last_end = False
-
-    @contextlib.contextmanager
-    def step(self, tokens: int) -> Iterator[QueuedStep]:
-        """Count a step of about ``tokens`` computed tokens in flight for the block."""
-        step = QueuedStep(time.monotonic(), tokens)
-        self._in_flight[step] = None
-        try:
-            yield step
-        finally:
-            del self._in_flight[step]
-
-    def served(self, step: QueuedStep, tokens: int | None = None) -> float:
-        """``step`` ended with its answer, having computed ``tokens`` (None: as estimated);
-        returns its service seconds.
-
-        Where other steps were in flight when the previous one ended, the engine was busy in
-        between, and the time since is this step's service (its own time includes its wait).
-        """
-        now = time.monotonic()
-        seconds = now - step.sent_at
-        if self._last_end is not None and self._queued_at_last_end:
-            seconds = min(seconds, now - self._last_end)
-        tokens = step.tokens if tokens is None else tokens
-        if self._fit is None:  # anchored at nothing to compute, nothing to serve
-            self._fit = LinearFit(0.0, seconds / max(tokens, 1), _SERVICE_ALPHA)
-        self._fit.add(tokens, seconds)
-        self._last_end, self._queued_at_last_end = now, len(self._in_flight) > 1
-        return seconds
-
-    def service_s(self, tokens: int) -> float | None:
-        """Seconds a step of ``tokens`` computed tokens takes to serve; None until one was."""
-        if self._fit is None:
-            return None
-        intercept, slope = self._fit.line()
-        return intercept + slope * tokens
-
-    def backlog_s(self) -> float:
-        """The service the steps in flight still need (0 until one step was served): theirs
-        summed, less what the oldest has had since it was sent or the last step ended."""
-        if self._fit is None or not self._in_flight:
-            return 0.0
-        needed = [self.service_s(step.tokens) or 0.0 for step in self._in_flight]
-        began = next(iter(self._in_flight)).sent_at
-        if self._last_end is not None:
-            began = max(began, self._last_end)
-        served = min(max(time.monotonic() - began, 0.0), needed[0])
-        return sum(needed) - served
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class QueuedStep:
-    """A step in a StepQueue: when it was sent, and the tokens it was expected to compute."""
-
-    sent_at: float
-    tokens: int
-
-
 def _running_mean(mean: float | None, sample: float) -> float:
     return sample if mean is None else mean + _STEP_ALPHA * (sample - mean)
 
@@ -301,11 +224,15 @@ class Engine:
     answered_at: float = -math.inf  # monotonic time of the last answer seen from it
     steps: StepTimes = field(default_factory=StepTimes)
     queue: StepQueue = field(default_factory=StepQueue)
+    on_down: Callable[[Engine, str], None] | None = field(default=None, repr=False)
+    """Told each time the engine goes from healthy to down, and why (a failure's kind, or
+    ``health``: its periodic probes failed)."""
 
     @property
     def backlog_s(self) -> float:
-        """About how long a new step waits behind the ones in flight here (StepQueue)."""
-        return self.queue.backlog_s()
+        """About how long a new step waits for this engine: behind the steps in flight here
+        and those the router holds back for it (queue.StepQueue)."""
+        return self.queue.backlog_s() + self.queue.held_s()
 
     def mark_answered(self) -> None:
         self.answered_at = time.monotonic()
@@ -313,14 +240,24 @@ class Engine:
     def answered_within(self, seconds: float) -> bool:
         return time.monotonic() - self.answered_at <= seconds
 
-    def mark_suspect(self) -> None:
-        """No new work until a health probe passes (a step hung, timed out or was dropped)."""
-        self.healthy = False
+    def mark_suspect(self, why: str) -> None:
+        """No new work until a health probe passes (a step hung, timed out or was dropped:
+        ``why``)."""
+        self._mark_down(why)
 
     def mark_lost(self) -> None:
         """The engine refused a new connection: down, and the KV it held is gone with it."""
-        self.healthy = False
         self.lost_at = time.time()
+        self._mark_down("connect")
+
+    def mark_up(self) -> None:
+        self.healthy = True
+
+    def _mark_down(self, why: str) -> None:
+        if self.healthy:
+            self.healthy = False
+            if self.on_down is not None:
+                self.on_down(self, why)
 
     def record_failure(self, kind: ErrorKind) -> None:
         """A step on this engine failed: lost on a refused new connection, suspect when it
@@ -329,7 +266,7 @@ class Engine:
         if kind in LOST:
             self.mark_lost()
         elif kind in SUSPECT:
-            self.mark_suspect()
+            self.mark_suspect(kind)
 
     def may_hold(self, issued_at: float) -> bool:
         """Whether KV recorded for a turn issued at ``issued_at`` can still be on the engine."""
@@ -368,10 +305,18 @@ class EnginePool:
     offers only healthy engines.
     """
 
-    def __init__(self, role: Role, urls: Iterable[str], *, last_resort: bool = False) -> None:
+    def __init__(
+        self,
+        role: Role,
+        urls: Iterable[str],
+        *,
+        last_resort: bool = False,
+        queue: Callable[[], StepQueue] = StepQueue,
+        on_down: Callable[[Engine, str], None] | None = None,
+    ) -> None:
         self.role = role
         self.last_resort = last_resort
-        self.engines = [Engine(url, role) for url in urls]
+        self.engines = [Engine(url, role, queue=queue(), on_down=on_down) for url in urls]
         self._by_url = {engine.url: engine for engine in self.engines}
         self._turn = itertools.count()
 
@@ -449,7 +394,10 @@ class HealthMonitor:
             logger.warning(
                 "%s engine %s is %s", engine.role, engine.url, "up" if healthy else "down"
             )
-        engine.healthy = healthy
+        if healthy:
+            engine.mark_up()
+        else:
+            engine.mark_suspect("health")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="agentkv-health")

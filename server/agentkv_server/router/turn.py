@@ -10,11 +10,14 @@ section 3).
 from __future__ import annotations
 
 import enum
+import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentkv import protocol
 from agentkv_server.router.formats import WireFormat, wire_format
+from agentkv_server.router.queue import Priority
 
 if TYPE_CHECKING:
     from agentkv_server.router.intake import ClientRequest
@@ -69,6 +72,14 @@ class Turn:
     """Why the plan chose its path (the ``reason`` label of ``agentkv_path_decisions_total``,
     or why it had none to use: ``released_*``, ``none_held``, ``holder_silent``); None
     without a session."""
+    deadline: float = math.inf
+    """Monotonic time by which its first token is due (``timeouts.first_token_s``)."""
+    priority: Priority = Priority.NEW
+    """Its place in the router's queue for prefill engines (admission.py)."""
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline (0 once past it)."""
+        return max(self.deadline - time.monotonic(), 0.0)
 
     @property
     def wire(self) -> WireFormat:
@@ -98,12 +109,17 @@ class Turn:
         return headers
 
     def server_timing(self) -> str:
-        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds, the plan's
-        reason as its ``desc``), and a local turn's predicted stall of the holder's other
-        sequences per decode step."""
-        entries = [f"{name};dur={s * 1000:.1f}" for name, s in self.phases.items()]
-        if self.reason is not None and "plan" in self.phases:
-            entries[list(self.phases).index("plan")] += f';desc="{self.reason}"'
+        """The phases so far as an HTTP ``Server-Timing`` value (milliseconds; the plan's
+        reason and the queue's priority as their ``desc``), and a local turn's predicted stall
+        of the holder's other sequences per decode step."""
+        entries = []
+        for name, seconds in self.phases.items():
+            entry = f"{name};dur={seconds * 1000:.1f}"
+            if name == "plan" and self.reason is not None:
+                entry += f';desc="{self.reason}"'
+            elif name == "queue":
+                entry += f';desc="{self.priority.label}"'
+            entries.append(entry)
         if self.added_itl_s is not None:
             entries.append(f"stall;dur={self.added_itl_s * 1000:.1f}")
         return ", ".join(entries)

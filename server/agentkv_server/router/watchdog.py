@@ -40,12 +40,23 @@ from agentkv_server.router.placement import Engine, probe_health
 from agentkv_server.router.upstream import EngineFailure
 from agentkv_server.settings import FaultSettings
 
-__all__ = ["PROGRESS_COUNTERS", "Watchdog"]
+__all__ = ["PROGRESS_SERIES", "Watchdog", "progress_of"]
 
 T = TypeVar("T")
 
-PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-"""Counters whose sum grows while an engine computes (``GET /metrics``, Prometheus text)."""
+PROGRESS_SERIES = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+"""What moves while an engine computes (``GET /metrics``, Prometheus text). The token counters
+move when a prompt's prefill ends and with each generated token; the gauges with every engine
+step, since vLLM publishes its scheduler's state after each: a long prompt computed in chunks
+grows the KV cache usage chunk by chunk while the counters stay flat (a 64k-token prompt of the
+tiny-long model: flat counters for two minutes, usage up 0.8 % every second; docs/faults.md,
+"Busy is not dead")."""
 
 
 class _NotAsked:
@@ -53,6 +64,10 @@ class _NotAsked:
 
 
 NOT_ASKED = _NotAsked()
+
+Progress = tuple[float, ...]
+"""One progress read: the values of :data:`PROGRESS_SERIES`; any change is progress."""
+Reading = Progress | None | _NotAsked
 
 
 class Watchdog:
@@ -64,7 +79,7 @@ class Watchdog:
         self._liveness_timeout = Timeout(total=settings.liveness_timeout_s)
         self._probe_timeout = Timeout(total=probe_timeout_s)
         # One progress read per engine serves every step watched on it at the time.
-        self._reads: dict[Engine, tuple[float, asyncio.Future[float | None | _NotAsked]]] = {}
+        self._reads: dict[Engine, tuple[float, asyncio.Future[Reading]]] = {}
         # Steps not watched yet, by start (loop time; oldest first), and the one timer that
         # starts their watchers when they are still running ``progress_every_s`` later.
         self._unwatched: dict[_StepWatch, float] = {}
@@ -78,7 +93,7 @@ class Watchdog:
             return None
         problem = await probe_health(self._http, engine, self._liveness_timeout)
         if problem is not None and problem != "router":
-            engine.mark_suspect()
+            engine.mark_suspect(problem)
         return problem
 
     async def unresponsive(self, engine: Engine) -> bool:
@@ -152,7 +167,7 @@ class Watchdog:
         if not waited:
             await self._answers_at_start(engine, done)
         unanswered = 0
-        reading: float | None = None
+        reading: Progress | None = None
         changed = time.monotonic()
         while not done.done():
             if not waited:
@@ -197,7 +212,7 @@ class Watchdog:
             f"({self._settings.liveness_timeout_s:g} s each)",
         )
 
-    async def _progress(self, engine: Engine) -> float | None | _NotAsked:
+    async def _progress(self, engine: Engine) -> Reading:
         now = time.monotonic()
         started, read = self._reads.get(engine, (-math.inf, None))
         if read is None or now - started >= self._settings.progress_every_s / 2:
@@ -205,11 +220,11 @@ class Watchdog:
             self._reads[engine] = (now, read)
         return await asyncio.shield(read)  # a step that ends must not cancel the others' read
 
-    async def _read_progress(self, engine: Engine) -> float | None | _NotAsked:
-        """The engine's progress counters; None when it does not answer, NOT_ASKED when the
+    async def _read_progress(self, engine: Engine) -> Reading:
+        """The engine's progress series; None when it does not answer, NOT_ASKED when the
         router could not ask it.
 
-        An engine without those counters answers a fresh reading each time: answering is all
+        An engine without those series answers a fresh reading each time: answering is all
         the progress it can show.
         """
         try:
@@ -219,8 +234,8 @@ class Watchdog:
         except (HTTPError, asyncio.TimeoutError):
             return None
         text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
-        total = _sum_counters(text)
-        return time.monotonic() if total is None else total
+        progress = progress_of(text)
+        return (time.monotonic(),) if progress is None else progress
 
 
 _WATCHERS: set[asyncio.Task[None]] = set()
@@ -275,11 +290,15 @@ class _StepWatch:
         return uncancel is not None and uncancel() > 0
 
 
-def _sum_counters(text: str) -> float | None:
-    total, found = 0.0, False
+def progress_of(text: str) -> Progress | None:
+    """Each of :data:`PROGRESS_SERIES` summed over its label sets (an engine with several
+    cores reports one per core); None when the text has none of them."""
+    totals = dict.fromkeys(PROGRESS_SERIES, 0.0)
+    found = False
     for line in text.splitlines():
-        if line.split("{", 1)[0].split(" ", 1)[0] in PROGRESS_COUNTERS:
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
             with contextlib.suppress(ValueError, IndexError):
-                total += float(line.rsplit(" ", 1)[1])
+                totals[name] += float(line.rsplit(" ", 1)[1])
                 found = True
-    return total if found else None
+    return tuple(totals.values()) if found else None

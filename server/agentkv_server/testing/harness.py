@@ -120,8 +120,10 @@ class InProcessRouter:
         response.raise_for_status()
 
     async def metric(self, name: str) -> float:
-        """Sum of a metric's samples (all label values) in ``/metrics``."""
-        text = (await self.client.get("/metrics")).text
+        """Sum of a metric's samples (all label values) in ``/metrics``, read with the shared
+        secret (which ``/metrics`` asks for once API keys are configured)."""
+        response = await self.client.get("/metrics", headers={wire.SECRET_HEADER: self.secret})
+        text = response.text
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()

@@ -22,8 +22,10 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
 
 A token is one whitespace-separated word (chat: every message's content plus two per message
 for the template). Every request is recorded for assertions; faults can be queued. ``/metrics``
-counts prompt and generated tokens as vLLM's counters do; ``frozen`` makes the engine answer
-nothing at all (as a SIGSTOPped process) until it is cleared.
+counts prompt and generated tokens as vLLM's counters do, and moves its KV cache usage gauge
+every ``chunk_s`` while it computes a prompt, as vLLM's chunked prefill does step by step;
+``frozen`` makes the engine answer nothing at all (as a SIGSTOPped process) until it is
+cleared.
 
 This module is the HTTP server; the KV it simulates is in ``stub_kv``, the answers' shapes in
 ``stub_shapes`` and the holding reports in ``stub_report``.
@@ -127,6 +129,8 @@ class StubEngine:
     cut_cleanly: bool = False
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    kv_cache_usage: float = 0.0
+    chunk_s: float = 0.02  # one engine step of a prompt being computed
     metrics_reads: int = 0
     port: int = 0
     _runner: web.AppRunner | None = None
@@ -197,6 +201,7 @@ class StubEngine:
         text = (
             f'vllm:prompt_tokens_total{{engine="0"}} {float(self.prompt_tokens_total)}\n'
             f'vllm:generation_tokens_total{{engine="0"}} {float(self.generation_tokens_total)}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {self.kv_cache_usage}\n'
         )
         return web.Response(text=text, content_type="text/plain")
 
@@ -262,7 +267,11 @@ class StubEngine:
             return
         computing = self._computing if self.one_prompt_at_a_time else contextlib.nullcontext()
         async with computing:
-            await asyncio.sleep(tokens * self.cluster.prefill_s_per_token)
+            loop = asyncio.get_running_loop()
+            done_at = loop.time() + tokens * self.cluster.prefill_s_per_token
+            while (left := done_at - loop.time()) > 0:  # chunk by chunk, each a step
+                await asyncio.sleep(min(left, self.chunk_s))
+                self.kv_cache_usage = (self.kv_cache_usage + 0.001) % 1.0
 
     async def _prefill(self, body: dict[str, Any], params: dict[str, Any]) -> web.Response:
         prompt_tokens = count_prompt_tokens(body)

@@ -53,11 +53,11 @@ def test_serve_gives_decode_engines_a_host_tier_when_asked() -> None:
 
 def test_serve_hands_router_options_to_the_router_and_keeps_the_secret_out_of_them() -> None:
     args = serve_args(
-        "--device=cpu", "--policy", "never", "--prefill-timeout", "30", "--port", "9000"
+        "--device=cpu", "--policy", "never", "--first-token-timeout", "30", "--port", "9000"
     )
     args.secret = "s3cret"
     config = serve_cli.stack_config(args)
-    assert config.router_settings == {"policy": "never", "timeouts": {"prefill_s": 30.0}}
+    assert config.router_settings == {"policy": "never", "timeouts": {"first_token_s": 30.0}}
     assert (config.port, config.secret) == (9000, "s3cret")
 
 

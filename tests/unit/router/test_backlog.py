@@ -9,7 +9,8 @@ import pytest
 
 from agentkv_server.router import CostModelPolicy, KVPath, TurnHints, TurnLoad
 from agentkv_server.router.intake import ClientRequest
-from agentkv_server.router.placement import EnginePool, StepQueue
+from agentkv_server.router.placement import EnginePool
+from agentkv_server.router.queue import StepQueue
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.tokens import PromptSizes
 from agentkv_server.settings import CostModelSettings, LocalPathSettings, RetentionSettings
@@ -22,7 +23,7 @@ NOW = 1000.0
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
     clock = ManualClock(now=10.0)
-    monkeypatch.setattr("agentkv_server.router.placement.time.monotonic", clock)
+    monkeypatch.setattr("agentkv_server.router.queue.time.monotonic", clock)
     return clock
 
 

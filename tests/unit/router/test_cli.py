@@ -41,8 +41,10 @@ def test_options_map_onto_settings():
         "redis://r:6379/0",
         "--policy",
         "upstream",
-        "--prefill-timeout",
+        "--first-token-timeout",
         "7",
+        "--max-queue-wait",
+        "30",
         "--secret",
         "s3",
     )
@@ -52,7 +54,8 @@ def test_options_map_onto_settings():
     assert settings.decode_urls == ("http://d:1",)
     assert settings.port == 9000 and settings.host == "127.0.0.1"
     assert settings.redis_url == "redis://r:6379/0" and settings.policy == "upstream"
-    assert settings.timeouts.prefill_s == 7 and settings.timeouts.decode_s == 600
+    assert settings.timeouts.first_token_s == 7 and settings.timeouts.decode_s == 600
+    assert settings.admission.max_wait_s == 30
     assert settings.secret.get_secret_value() == "s3"
 
 
@@ -74,6 +77,26 @@ def test_old_spellings_still_work_and_warn(capsys, monkeypatch):
     assert "--decode is deprecated, use --decode-url" in capsys.readouterr().err
 
 
+def test_the_prefill_step_deadline_became_the_turns(capsys, monkeypatch, caplog):
+    """A prefill step's own deadline marked a merely busy P down (docs/faults.md, "Busy is not
+    dead"); the old option and config key now set the turn's deadline, with a warning."""
+    args = parse("--decode-url", "http://d:1", "--prefill-timeout", "45")
+    assert settings_from_args(args).timeouts.first_token_s == 45
+
+    from agentkv_server.router import cli as router_cli
+    from agentkv_server.settings import Settings
+
+    monkeypatch.setattr(router_cli, "run", lambda args: 0)
+    assert main(["router", "--decode-url", "http://d:1", "--prefill-timeout", "45"]) == 0
+    assert "--prefill-timeout is deprecated, use --first-token-timeout" in capsys.readouterr().err
+    with caplog.at_level("WARNING"):
+        settings = Settings.model_validate(
+            {"decode_urls": ["http://d:1"], "timeouts": {"prefill_s": 30}}
+        )
+    assert settings.timeouts.first_token_s == 30
+    assert "timeouts.prefill_s is deprecated" in caplog.text
+
+
 def test_layers_config_file_then_environment_then_options(tmp_path, monkeypatch):
     config = tmp_path / "router.json"
     config.write_text(
@@ -82,7 +105,7 @@ def test_layers_config_file_then_environment_then_options(tmp_path, monkeypatch)
                 "port": 1234,
                 "max_sessions": 7,
                 "policy": "never",
-                "timeouts": {"decode_s": 9, "prefill_s": 3, "connect_s": 4},
+                "timeouts": {"decode_s": 9, "first_token_s": 3, "connect_s": 4},
             }
         )
     )
@@ -90,12 +113,12 @@ def test_layers_config_file_then_environment_then_options(tmp_path, monkeypatch)
     monkeypatch.setenv("AGENTKV_POLICY", "always")
     monkeypatch.setenv("AGENTKV_TIMEOUTS__CONNECT_S", "8")
     monkeypatch.setenv("AGENTKV_DECODE_URLS", "http://d:1, http://d:2")
-    args = parse("--config", str(config), "--prefill-timeout", "5")
+    args = parse("--config", str(config), "--first-token-timeout", "5")
     settings = settings_from_args(args)
 
     assert settings.port == 1234 and settings.max_sessions == 7
     assert settings.policy == "always"  # environment over the file
-    assert settings.timeouts.decode_s == 9 and settings.timeouts.prefill_s == 5  # option on top
+    assert settings.timeouts.decode_s == 9 and settings.timeouts.first_token_s == 5  # option wins
     assert settings.timeouts.connect_s == 8  # a group field from the environment, others kept
     assert settings.decode_urls == ("http://d:1", "http://d:2")
     assert settings.secret.get_secret_value() == "from-env"

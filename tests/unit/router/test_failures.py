@@ -46,6 +46,7 @@ BLAME: dict[str, tuple[bool, bool]] = {
     "protocol": (False, False),
     "stream": (False, False),
     "router": (False, False),
+    "deadline": (False, False),  # the turn ran out of time on a busy engine
 }
 
 

@@ -109,15 +109,18 @@ async def test_unreachable_prefill_engine_is_replaced_by_another(make_router):
     assert await router.metric('agentkv_engine_errors_total{kind="connect",role="prefill"}') == 1
 
 
-async def test_stalled_prefill_engine_times_out_and_another_serves(make_router):
-    router = await make_router(n_prefill=2, timeouts={"prefill_s": 0.3})
+async def test_prefill_engine_whose_core_makes_no_progress_is_left_for_another(make_router):
+    """It answers HTTP, but no engine step moves its progress series (a blocked core)."""
+    router = await make_router(n_prefill=2, **FAST_WATCHDOG)
     router.prefill[0].faults.append("hang")
 
     response = await router.chat(conversation(1, 100))
 
     assert response.status_code == 200
     assert len(router.prefill[1].completions()) == 1
-    assert await router.metric('agentkv_engine_errors_total{kind="timeout",role="prefill"}') == 1
+    assert await router.metric('agentkv_engine_errors_total{kind="stall",role="prefill"}') == 1
+    marked = 'agentkv_engines_marked_down_total{kind="stall",role="prefill"}'
+    assert await router.metric(marked) == 1
 
 
 async def test_no_prefill_engine_means_decode_only_serving(make_router):

@@ -72,7 +72,7 @@ async def attempt(
 ) -> T | Refused | None:
     """``step`` served by the first engine that can, trying at most ``tries`` times (None: as
     long as ``step.pick`` finds an engine), never on ``excluded``; its refusal, or None when no
-    engine served it."""
+    engine served it. A step that ran out of the turn's time ends the turn (TurnTimedOut)."""
     failed = list(excluded)
     tried = 0
     while tries is None or tried < tries:
@@ -84,6 +84,8 @@ async def attempt(
             return await step.send(engine)
         except EngineFailure as failure:
             step.services.note_failure(step.turn, failure, stalled=step.stalled(failure))
+            if failure.kind == "deadline":
+                raise step.services.turn_timed_out(step.turn, failure.engine.role) from None
             then = step.then(failure)
             if then is Then.REFUSED:
                 return Refused(failure)

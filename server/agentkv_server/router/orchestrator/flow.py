@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from agentkv_server.router.admission import Overloaded, priority_of
 from agentkv_server.router.errors import RouterError
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.http_client import HTTPClient
@@ -21,7 +22,12 @@ from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.orchestrator.attempts import Refused, attempt
 from agentkv_server.router.orchestrator.plan import Plan, Planner
 from agentkv_server.router.orchestrator.services import Services
-from agentkv_server.router.orchestrator.steps import DecodeAttempt, PrefillAttempt, Prefilled
+from agentkv_server.router.orchestrator.steps import (
+    DecodeAttempt,
+    PrefillAttempt,
+    Prefilled,
+    prefill_tokens,
+)
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import ReusePolicy
 from agentkv_server.router.turn import KVPath, Turn
@@ -60,11 +66,16 @@ class Orchestrator:
         self._services.block_waits.record("decode", params)
 
     async def serve(self, request: ClientRequest, started: float) -> Response:
+        services = self._services
         plan = await self._planner.plan(request)
         turn = Turn(
-            request, started, path=plan.path, added_itl_s=plan.added_itl_s, reason=plan.reason
-        )
+            request, started, path=plan.path, added_itl_s=plan.added_itl_s, reason=plan.reason,
+            deadline=started + services.settings.timeouts.first_token_s,
+            priority=priority_of(request, plan.had_holding),
+        )  # fmt: skip
         turn.phases["plan"] = time.monotonic() - started
+        if plan.path is not KVPath.LOCAL:
+            await self._admit(turn, plan)
         avoid: list[Engine] = []
         if plan.path is KVPath.LOCAL:
             response = await self._local_step(turn, plan)
@@ -93,10 +104,23 @@ class Orchestrator:
                 if not (turn.pulls and prefill.pulling):  # not pulled: it still occupies D
                     keeper.release_soon([to_pull])
                 keeper.pull_ended(to_pull)
-            turn.phases["prefill"] = time.monotonic() - began
+            turn.phases["prefill"] = time.monotonic() - began - turn.phases.get("queue", 0.0)
         # Without a P step (no P engine left) D computes the prompt itself.
         response = await self._decode_step(turn, plan, prefilled, avoid)
         return await self._after(turn, response)
+
+    async def _admit(self, turn: Turn, plan: Plan) -> None:
+        """Refuse the turn now if it would wait too long for a prefill engine (Overloaded),
+        giving its session's holding back for the client's next try."""
+        services = self._services
+        tokens = prefill_tokens(services, turn, plan, plan.path is KVPath.PULL)
+        try:
+            services.admission.admit(turn.request, turn.priority, tokens, turn.headers())
+        except Overloaded:
+            if plan.occupies_holder:
+                assert plan.holding is not None
+                await services.keeper.give_back(plan.holding)
+            raise
 
     async def _local_step(self, turn: Turn, plan: Plan) -> Response | None:
         """The turn on its holder without a P step; None if the holder failed before its first

@@ -21,6 +21,7 @@ from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.orchestrator.services import Services
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.policy import TurnLoad
+from agentkv_server.router.queue import Priority
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.turn import KVPath
@@ -62,6 +63,12 @@ class Plan(NamedTuple):
     blocks are no longer the holder's to free."""
 
     @property
+    def had_holding(self) -> bool:
+        """Whether the session had a holding for this turn: taken, or released to make room
+        (the session has run before)."""
+        return self.holding is not None or (self.reason or "").startswith(RELEASED)
+
+    @property
     def occupies_holder(self) -> bool:
         """Whether the holding still occupies its holder's KV cache (a release frees it)."""
         return self.holding is not None and not self.from_host_tier
@@ -73,6 +80,7 @@ class Plan(NamedTuple):
 
 
 NONE_HELD = "none_held"
+RELEASED = "released_"  # + why the session's holding went (capacity.ReleaseReason)
 HOLDER_SILENT = "holder_silent"
 
 _NO_SESSION = Plan(0.0)
@@ -95,7 +103,7 @@ class Planner:
         retention_s = services.policy.retention_s(request.hints)
         holding, released, in_host_tier = await services.keeper.take(key)
         if holding is None:
-            lost = NONE_HELD if released is None else f"released_{released}"
+            lost = NONE_HELD if released is None else f"{RELEASED}{released}"
             if in_host_tier is not None:
                 return await self._plan_from_host_tier(request, retention_s, in_host_tier, lost)
             return Plan(retention_s, reason=lost)
@@ -175,7 +183,13 @@ class Planner:
         """What the local path's choice needs beyond the holding (policy.TurnLoad)."""
         services = self._services
         new_tokens = max(prompt_tokens - holding.num_tokens, 0)
-        waits = [e.backlog_s for e in services.prefill.engines if e.healthy]
+        # A session's turn with a holding is a follow-up: of the turns held back for P, only
+        # other follow-ups go before it (admission.py).
+        waits = [
+            e.queue.backlog_s() + e.queue.held_s(Priority.FOLLOW_UP)
+            for e in services.prefill.engines
+            if e.healthy
+        ]
         context = prompt_tokens + holder.steps.prefilling_tokens
         added_s = services.decode.measured(holder, lambda steps: steps.added_s(context))
         read_delay_s = services.decode.measured(

@@ -183,8 +183,13 @@ class ResumeAttempt(Attempt[Relayed]):
         body, ticket, releases = await services.decode_request(
             self.turn, engine, self._continuation, None, self._retention_s
         )
+        # The client has had its first token: the continuation is due within a turn's bound
+        # from now, not by the turn's first-token deadline.
+        first_chunk_s = services.settings.timeouts.first_token_s
         with services.keeper.released_if_failed(releases):
-            stream = await services.open_stream(self.turn, engine, body)
+            stream = await services.open_stream(
+                self.turn, engine, body, first_chunk_s=first_chunk_s
+            )
         return Relayed(stream, engine, ticket)
 
     def then(self, failure: EngineFailure) -> Then:
@@ -195,6 +200,6 @@ def _blame_broken_stream(engine: Engine, error: BaseException | None) -> None:
     """A stream that ended before its end, went quiet or whose connection dropped makes its
     engine suspect; a bad answer or the router's own failure (``error``'s kind) does not."""
     if error is None:
-        engine.mark_suspect()
+        engine.mark_suspect("stream")
     else:
         engine.record_failure(wire_kind(error))

@@ -8,13 +8,19 @@ as failures.py says.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from agentkv_server import wire
+from agentkv_server.router.admission import Admission
 from agentkv_server.router.blockwaits import BlockWaitTally
+from agentkv_server.router.errors import TurnTimedOut
 from agentkv_server.router.failures import LOST, SUSPECT
 from agentkv_server.router.holdings import HoldingKeeper
 from agentkv_server.router.http_client import HTTPClient, Timeout
@@ -39,6 +45,9 @@ __all__ = ["DecodeRequest", "Services", "StepTimeouts"]
 
 logger = logging.getLogger(__name__)
 
+# A step's timeout that fires this close to its total bound is that bound (the clock's grain).
+_DEADLINE_SLACK_S = 0.01
+
 
 class DecodeRequest(NamedTuple):
     """A decode step as it goes to its engine."""
@@ -55,9 +64,10 @@ class DecodeRequest(NamedTuple):
 class StepTimeouts:
     """Each kind of step's deadline, with the connect and pool waits all steps share."""
 
-    prefill: Timeout
     decode: Timeout
     tokenize: Timeout
+    connect_s: float
+    pool_s: float
 
     @classmethod
     def of(cls, timeouts: Timeouts) -> StepTimeouts:
@@ -65,10 +75,15 @@ class StepTimeouts:
             return Timeout(total=total_s, connect=timeouts.connect_s, pool=timeouts.pool_s)
 
         return cls(
-            prefill=step(timeouts.prefill_s),
             decode=step(timeouts.decode_s),
             tokenize=step(timeouts.tokenize_s),
+            connect_s=timeouts.connect_s,
+            pool_s=timeouts.pool_s,
         )
+
+    def within(self, turn: Turn) -> Timeout:
+        """A step bounded by what is left of ``turn``'s deadline."""
+        return Timeout(total=turn.remaining_s(), connect=self.connect_s, pool=self.pool_s)
 
 
 @dataclass
@@ -85,6 +100,7 @@ class Services:
     pairs: PairHealth = field(init=False)
     """Each prefill/decode pair's KV transfer health; the app records holding reports here."""
     block_waits: BlockWaitTally = field(init=False)
+    admission: Admission = field(init=False)
     watchdog: Watchdog = field(init=False)
     timeouts: StepTimeouts = field(init=False)
     prompt_sizes: PromptSizes = field(init=False, default_factory=PromptSizes)
@@ -98,6 +114,7 @@ class Services:
             pairs=[(p.url, d.url) for p in self.prefill.engines for d in self.decode.engines],
         )
         self.block_waits = BlockWaitTally(self.metrics)
+        self.admission = Admission(settings.admission, self.prefill, self.metrics)
         self.watchdog = Watchdog(self.http, settings.faults, settings.timeouts.health_s)
         self.timeouts = StepTimeouts.of(settings.timeouts)
 
@@ -170,10 +187,19 @@ class Services:
         probe_first: bool = True,
     ) -> dict[str, Any]:
         """One non-streamed step on ``engine``: counted in flight, under the watchdog (which
-        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run)."""
+        ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run). A step that
+        runs out of its ``timeout`` fails as ``deadline``: its engine was busy, not dead."""
         engine.request_started()  # as engine.busy(), without a generator per step
         try:
-            return await self._post(turn, engine, body, timeout, stall_s, probe_first)
+            with _deadline(engine, timeout):
+                return await self.watchdog.run(
+                    engine,
+                    post_json(
+                        self.http, engine, turn.wire.path, body, turn.request.headers, timeout
+                    ),
+                    stall_s=stall_s,
+                    probe_first=probe_first,
+                )
         finally:
             engine.request_finished()
 
@@ -182,68 +208,82 @@ class Services:
         turn: Turn,
         engine: Engine,
         body: dict[str, Any],
-        timeout: Timeout,
         tokens: int,
         *,
         stall_s: float | None = None,
     ) -> tuple[dict[str, Any], float]:
-        """:meth:`post`, also in the engine's queue (placement.StepQueue) as a step expected to
-        compute ``tokens``: its answer and its service seconds, its wait behind the engine's
-        other steps left out (that wait is the queue's, priced apart: docs/router.md, "P's
-        queue")."""
-        with engine.queue.step(tokens) as step:
-            answer = await self.post(turn, engine, body, timeout, stall_s=stall_s)
-            return answer, engine.queue.served(step, _computed_tokens(turn, answer))
+        """:meth:`post` within the turn's deadline, once the engine's queue (queue.StepQueue)
+        sends it as a step expected to compute ``tokens``: its answer and its service seconds,
+        its waits in the router and behind the engine's other steps left out (priced apart:
+        docs/router.md, "P's queue")."""
+        request, queue = turn.request, engine.queue
+        try:
+            step = await queue.send(tokens, turn.priority, request.tenant, turn.remaining_s())
+        except asyncio.TimeoutError:
+            raise self.turn_timed_out(turn, "queue") from None
+        try:
+            if step.waited_s:
+                turn.phases["queue"] = step.waited_s
+            self.metrics.record_admission_wait(turn.priority.label, request.tenant, step.waited_s)
+            answer = await self.post(
+                turn, engine, body, self.timeouts.within(turn), stall_s=stall_s
+            )
+            return answer, queue.served(step, _computed_tokens(turn, answer))
+        finally:
+            queue.ended(step)
 
-    async def _post(
+    async def open_stream(
         self,
         turn: Turn,
         engine: Engine,
         body: dict[str, Any],
-        timeout: Timeout,
-        stall_s: float | None,
-        probe_first: bool,
-    ) -> dict[str, Any]:
-        return await self.watchdog.run(
-            engine,
-            post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
-            stall_s=stall_s,
-            probe_first=probe_first,
-        )
-
-    async def open_stream(
-        self, turn: Turn, engine: Engine, body: dict[str, Any], *, probe_first: bool = True
+        *,
+        probe_first: bool = True,
+        first_chunk_s: float | None = None,
     ) -> DecodeStream:
-        """A decode stream whose first chunk is in, counted in flight until its relay ends."""
+        """A decode stream whose first chunk is in, counted in flight until its relay ends. Its
+        first chunk is due within what is left of the turn's deadline (``first_chunk_s``: that
+        long from now); one not in by then fails as ``deadline``."""
         engine.request_started()
         faults = self.settings.faults
+        first_chunk_s = turn.remaining_s() if first_chunk_s is None else first_chunk_s
         try:
-            return await self.watchdog.run(
-                engine,
-                open_stream(
-                    self.http,
+            with _deadline(engine, Timeout(total=first_chunk_s)):
+                return await self.watchdog.run(
                     engine,
-                    turn.wire.path,
-                    body,
-                    turn.request.headers,
-                    timeout=self.timeouts.decode,
-                    first_chunk_s=self.settings.timeouts.first_token_s,
-                    idle_s=faults.stall_s,
-                    silence=Silence(
-                        functools.partial(self.watchdog.unresponsive, engine),
-                        after_s=faults.progress_every_s,
-                        probes=faults.unanswered_probes,
+                    open_stream(
+                        self.http,
+                        engine,
+                        turn.wire.path,
+                        body,
+                        turn.request.headers,
+                        timeout=self.timeouts.decode,
+                        first_chunk_s=first_chunk_s,
+                        idle_s=faults.stall_s,
+                        silence=Silence(
+                            functools.partial(self.watchdog.unresponsive, engine),
+                            after_s=faults.progress_every_s,
+                            probes=faults.unanswered_probes,
+                        ),
                     ),
-                ),
-                probe_first=probe_first,
-            )
+                    probe_first=probe_first,
+                )
         except BaseException:
             engine.request_finished()
             raise
 
+    def turn_timed_out(self, turn: Turn, phase: str) -> TurnTimedOut:
+        """The error that ends ``turn``, out of time in ``phase``; counted."""
+        self.metrics.record_turn_timed_out(phase)
+        logger.info("a turn reached its deadline in its %s phase", phase)
+        return TurnTimedOut(phase, self.settings.timeouts.first_token_s, turn.headers())
+
     def note_failure(self, turn: Turn, failure: EngineFailure, *, stalled: bool = False) -> None:
-        """Count a failed step, and blame its engine unless the step ``stalled`` on a pull."""
+        """Count a failed step, and blame its engine unless the step ``stalled`` on a pull or
+        ran out of time (``deadline``: the engine was busy)."""
         turn.failures.append(failure)
+        if failure.kind == "deadline":
+            return
         if stalled:
             logger.warning("%s: the pull stalled; recomputing instead", failure)
             self.metrics.record_engine_error(failure.engine.role, "stall")
@@ -267,6 +307,21 @@ class Services:
             self.pairs.record_ticket(ticket, params)
         else:
             self.pairs.record_params(source, engine.url, params)
+
+
+@contextlib.contextmanager
+def _deadline(engine: Engine, timeout: Timeout) -> Iterator[None]:
+    """A step that fails as ``timeout`` once its whole ``timeout.total`` has run out ran out of
+    time: ``deadline``, whose failure is not the engine's (a connect not answered within its
+    own, shorter bound still is)."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + (timeout.total if timeout.total is not None else math.inf)
+    try:
+        yield
+    except EngineFailure as failure:
+        if failure.kind != "timeout" or loop.time() < ends - _DEADLINE_SLACK_S:
+            raise
+        raise EngineFailure(engine, "deadline", str(failure)) from None
 
 
 def _computed_tokens(turn: Turn, answer: dict[str, Any]) -> int | None:

@@ -34,7 +34,7 @@ from agentkv_server.router.streaming import RelayResponse
 from agentkv_server.router.turn import KVPath, Turn
 from agentkv_server.router.upstream import EngineFailure
 
-__all__ = ["DecodeAttempt", "PrefillAttempt", "Prefilled"]
+__all__ = ["DecodeAttempt", "PrefillAttempt", "Prefilled", "prefill_tokens"]
 
 
 class Prefilled(NamedTuple):
@@ -89,12 +89,7 @@ class PrefillAttempt(Attempt[Prefilled]):
         settings = services.settings
         stall_s = min(settings.timeouts.pull_s, settings.faults.stall_s) if pulling else None
         answer, seconds = await services.post_queued(
-            turn,
-            engine,
-            body,
-            services.timeouts.prefill,
-            self._tokens_to_compute(pulling),
-            stall_s=stall_s,
+            turn, engine, body, prefill_tokens(services, turn, plan, pulling), stall_s=stall_s
         )
         pulled_from = plan.holding if pulling else None
         pulled = account_prefill(
@@ -109,16 +104,6 @@ class PrefillAttempt(Attempt[Prefilled]):
         services.block_waits.record(engine.role, returned)
         return Prefilled(returned if isinstance(returned, dict) else {}, engine.url, pulled)
 
-    def _tokens_to_compute(self, pulling: bool) -> int:
-        """What P is expected to compute: the prompt as the holder counted it, else as its
-        size suggests, less the holding a pull brings."""
-        plan = self._plan
-        prompt = plan.prompt_tokens
-        if prompt is None:
-            prompt = self.services.prompt_sizes.estimate(self.turn.request)
-        held = plan.holding.num_tokens if pulling and plan.holding is not None else 0
-        return max(prompt - held, 0)
-
     def stalled(self, failure: EngineFailure) -> bool:
         # A pulling step out of time or progress has stalled on the KV path (a holder that
         # died mid-transfer leaves P's request waiting): no reason to drop P.
@@ -132,6 +117,16 @@ class PrefillAttempt(Attempt[Prefilled]):
         if pulling and (stalled or not failure.engine_unreachable):
             return Then.AGAIN
         return Then.ELSEWHERE
+
+
+def prefill_tokens(services: Services, turn: Turn, plan: Plan, pulling: bool) -> int:
+    """What P is expected to compute for ``turn``: the prompt as the holder counted it, else as
+    its size suggests, less the holding a pull brings."""
+    prompt = plan.prompt_tokens
+    if prompt is None:
+        prompt = services.prompt_sizes.estimate(turn.request)
+    held = plan.holding.num_tokens if pulling and plan.holding is not None else 0
+    return max(prompt - held, 0)
 
 
 class DecodeAttempt(Attempt[Response]):
