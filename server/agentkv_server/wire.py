@@ -58,6 +58,7 @@ __all__ = [
     "REMOTE_NUM_TOKENS",
     "REMOTE_PORT",
     "REMOTE_REQUEST_ID",
+    "RENEW",
     "REPORT_PATH",
     "REPORT_TICKET",
     "RETENTION_SECONDS",
@@ -71,9 +72,11 @@ __all__ = [
     "cold_prefill_params",
     "decode_params",
     "holding_report",
-    "is_release_only",
+    "is_housekeeping",
     "pull_prefill_params",
     "release_body",
+    "renew_body",
+    "renewed_params",
     "transfer_params",
 ]
 
@@ -99,6 +102,10 @@ TICKET: Final = "agentkv_ticket"
 # Router -> D, on a tiny request of its own or with a decode step: free these retained
 # requests' blocks now (as the request arrives, before it waits for blocks of its own).
 RELEASE: Final = "agentkv_release"
+# Router -> D, on a tiny request of its own: keep these retained requests' blocks at least this
+# many seconds from now ({request id: seconds}; within the engine's maximum retention): the turn
+# that will pull them waits in the router's queue for a busy prefill engine.
+RENEW: Final = "agentkv_renew"
 # D -> router, in the returned params and the holding report.
 EXPIRES_IN_SECONDS: Final = "agentkv_expires_in_seconds"
 # D -> P (opaque to the router): the retention deadline as Unix time, so that P's scheduler
@@ -213,20 +220,40 @@ def decode_params(
     return params
 
 
-def is_release_only(params: Mapping[str, Any]) -> bool:
-    """Whether a request's params make it a release of its own (:func:`release_body`), not a
-    decode step that also releases: plumbing, whose own KV is worth nothing."""
-    return RELEASE in params and RETENTION_SECONDS not in params
+def is_housekeeping(params: Mapping[str, Any]) -> bool:
+    """Whether a request's params make it a release or renewal of its own (:func:`release_body`,
+    :func:`renew_body`), not a decode step that also releases: plumbing, whose own KV is worth
+    nothing."""
+    return (RELEASE in params or RENEW in params) and RETENTION_SECONDS not in params
 
 
 def release_body(model: str, request_ids: Sequence[str]) -> dict[str, Any]:
     """The tiny completion that asks a decode engine to free these retained requests now."""
-    return {
-        "model": model,
-        "prompt": ".",
-        "max_tokens": 1,
-        KV_TRANSFER_PARAMS: {RELEASE: list(request_ids)},
-    }
+    return _housekeeping(model, {RELEASE: list(request_ids)})
+
+
+def renew_body(model: str, renewals: Mapping[str, float]) -> dict[str, Any]:
+    """The tiny completion that asks a decode engine to keep these retained requests at least
+    so many seconds from now."""
+    return _housekeeping(model, {RENEW: dict(renewals)})
+
+
+def renewed_params(params: Mapping[str, Any], seconds: float, *, now: float) -> dict[str, Any]:
+    """A holding's params once its engine keeps it ``seconds`` from ``now`` (Unix time): its
+    expiry fields moved by as much (upstream's is the engine's own clock: moved, not set)."""
+    renewed = dict(params)
+    expires_at = params.get(EXPIRES_AT)
+    if isinstance(expires_at, (int, float)):
+        shift = now + seconds - expires_at
+        renewed[EXPIRES_AT] = now + seconds
+        engine_clock = params.get(REMOTE_BLOCKS_EXPIRY_TIME)
+        if isinstance(engine_clock, (int, float)):
+            renewed[REMOTE_BLOCKS_EXPIRY_TIME] = engine_clock + shift
+    return renewed
+
+
+def _housekeeping(model: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"model": model, "prompt": ".", "max_tokens": 1, KV_TRANSFER_PARAMS: params}
 
 
 def holding_report(ticket: str, params: Mapping[str, Any]) -> dict[str, Any]:

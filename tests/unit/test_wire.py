@@ -73,8 +73,8 @@ def test_builders() -> None:
     assert wire.decode_params(None, retention_s=None, ticket=None) == {}
     releasing = wire.decode_params(None, retention_s=0.0, ticket=None, release=["d-1"])
     assert releasing == {"agentkv_retention_seconds": 0.0, "agentkv_release": ["d-1"]}
-    assert not wire.is_release_only(releasing)  # a step that releases: its own KV counts
-    assert wire.is_release_only(wire.release_body("m", ["d-1"])["kv_transfer_params"])
+    assert not wire.is_housekeeping(releasing)  # a step that releases: its own KV counts
+    assert wire.is_housekeeping(wire.release_body("m", ["d-1"])["kv_transfer_params"])
     assert wire.release_body("m", ["d-1"]) == {
         "model": "m",
         "prompt": ".",
@@ -84,6 +84,21 @@ def test_builders() -> None:
     assert wire.holding_report("t", held) == {"ticket": "t", "kv_transfer_params": held}
     assert wire.transfer_params({"kv_transfer_params": "x"}) == {}
     assert wire.transfer_params(None) == {}
+
+
+def test_a_renewal_and_the_holding_it_leaves() -> None:
+    body = wire.renew_body("m", {"d-1": 60.0})
+    assert body["kv_transfer_params"] == {"agentkv_renew": {"d-1": 60.0}}
+    assert wire.is_housekeeping(body["kv_transfer_params"])  # its own KV is worth nothing
+    held = {"remote_request_id": "d-1", "agentkv_expires_at": 1000.0,
+            "remote_blocks_expiry_time": 5000.0}  # fmt: skip
+    renewed = wire.renewed_params(held, 60.0, now=990.0)
+    assert renewed["agentkv_expires_at"] == 1050.0
+    assert renewed["remote_blocks_expiry_time"] == 5050.0  # the engine's clock, moved as far
+    assert held["agentkv_expires_at"] == 1000.0  # a copy
+    assert wire.renewed_params({"remote_request_id": "d-1"}, 60.0, now=990.0) == {
+        "remote_request_id": "d-1"  # an upstream holding: nothing to move
+    }
 
 
 def test_importable_alone() -> None:

@@ -1,7 +1,9 @@
 """``agentkv bench``: run the multi-turn agent workload against every serving mode, side by side
 (``--preset long``: instead, each KV path's cost against history length, to 128k tokens;
 ``--preset pressure``: the modes with more sessions than the decode engine's KV cache holds,
-their reuse beside the clairvoyant's).
+their reuse beside the clairvoyant's; ``--preset overload``: bursts of new sessions beside
+running ones at multiples of the stack's measured capacity, issue 48's bars checked;
+``--preset agents12``: issue 48's twelve agent sessions).
 
 Three ways to point it at engines:
   (default)                  start a prefill and a decode engine on this machine (CPU) and run
@@ -20,36 +22,40 @@ writes no results (exit status 130).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
-import platform
-import shlex
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
 
-import httpx
 from tqdm import tqdm
 
 from agentkv_server import wire
 from agentkv_server.bench import router as router_bench
-from agentkv_server.bench.modes import (
-    MODES,
-    Deployment,
-    ModeName,
-    ends_sessions,
-    parse_base_urls,
-    serve_mode,
+from agentkv_server.bench import sweep_cli
+from agentkv_server.bench.cli_setup import (
+    TURN_TIMEOUT_S,
+    Setup,
+    Stopped,
+    describe_deployment,
+    no_progress,
+    open_deployment,
+    open_setup,
+    progress_line,
+    refuse,
+    run_config,
+    run_until_stopped,
+    timing,
+    warm_up,
 )
+from agentkv_server.bench.modes import MODES
 from agentkv_server.bench.paths import (
     PathSweep,
     is_path_sweep,
@@ -60,32 +66,23 @@ from agentkv_server.bench.paths import (
 from agentkv_server.bench.pressure_report import MEASURES as PRESSURE
 from agentkv_server.bench.pressure_report import write_pressure_report
 from agentkv_server.bench.pressure_run import PressureRecords, run_pressure
-from agentkv_server.bench.records import BenchResult
+from agentkv_server.bench.records import BenchResult, SweepResult
 from agentkv_server.bench.report import MARKDOWN_NAME, write_report
-from agentkv_server.bench.runner import Runner, RunRecords, Target
+from agentkv_server.bench.runner import Runner, RunRecords
 from agentkv_server.bench.workload import (
     PRESETS,
     Preset,
-    TextTokenizer,
     ToolLatency,
     Workload,
-    load_tokenizer,
     pressure_preset,
 )
 from agentkv_server.cli import EXIT_INTERRUPTED
 from agentkv_server.errors import AgentKVServerError, ConfigError
-from agentkv_server.settings import environment_settings
 
 __all__ = ["configure", "run"]
 
-T = TypeVar("T")
-
-# Long enough a history that the agentkv router pulls it on the later turns.
-_WARM_UP = Workload(sessions=1, turns=3, history_tokens=(512,), new_tokens=16, output_tokens=4)
-_WARM_UP_VIA: tuple[ModeName, ...] = ("agentkv", "recompute", "aggregated")
-# Seconds one turn (and each router step) may take: a mode's turn, a path sweep's turn (a
-# 128k-token prefill on one CPU core takes minutes).
-_TURN_TIMEOUT_S = 600.0
+# Seconds a path sweep's turn (and each router step) may take: a 128k-token prefill on one
+# CPU core takes minutes.
 _PATH_TURN_TIMEOUT_S = 1800.0
 # Options of the mode comparison that the pressure sweep has no use for (it has its own
 # session counts) and that only the pressure sweep takes.
@@ -125,7 +122,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="preset",
         help="same as --preset quick (CI smoke test)",
     )
-    shape.add_argument("--sessions", type=int, help="agent sessions per history length")
+    shape.add_argument(
+        "--sessions", type=int,
+        help="agent sessions per history length (--preset agents12: sessions)",
+    )  # fmt: skip
     shape.add_argument(
         "--session-counts",
         type=_int_list,
@@ -140,22 +140,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(the preset's 60 s keeps its one CPU prefill engine about half busy)",
     )
     shape.add_argument(
-        "--turns", type=int, help="turns per session (--preset pressure: the most per session)"
+        "--turns",
+        type=int,
+        help="turns per session (--preset pressure: the most per session; overload: per "
+        "bursting session)",
     )
     shape.add_argument(
         "--history-tokens",
         type=_int_list,
         metavar="N[,N...]",
-        help="initial history lengths to sweep (--preset pressure: LOW,HIGH, drawn per session)",
+        help="initial history lengths to sweep (--preset pressure, overload: LOW,HIGH, drawn "
+        "per session)",
     )
-    shape.add_argument("--new-tokens", type=int, help="fresh input per turn (tool result, user)")
+    shape.add_argument(
+        "--new-tokens", type=int,
+        help="fresh input per turn (tool result, user; --preset agents12: words)",
+    )  # fmt: skip
     shape.add_argument("--output-tokens", type=int, help="generated tokens per turn")
     shape.add_argument(
         "--tool-latency",
         type=_tool_latency,
         metavar="KIND:SECONDS",
         help="seconds between turns: fixed, exponential, lognormal or uniform (--preset "
-        "pressure: lognormal:MEDIAN)",
+        "pressure, overload: lognormal:MEDIAN)",
     )
     shape.add_argument("--concurrency", type=int, help="sessions active at once")
     shape.add_argument(
@@ -167,13 +174,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--decode-tokens", type=int, help="output tokens per decoding request")
     shape.add_argument("--repeats", type=int, help="runs of the whole workload per mode")
     shape.add_argument("--seed", type=int, help="seed of the workload's random draws")
+    sweep_cli.configure_overload(parser.add_argument_group("--preset overload"))
     where = parser.add_argument_group("engines")
     where.add_argument(
         "--modes",
         type=_mode_list,
-        default=MODES,
         metavar="MODE[,MODE...]",
-        help=f"modes to measure, in this order (default: {','.join(MODES)})",
+        help=f"modes to measure, in this order (default: {','.join(MODES)}; --preset overload: "
+        f"{','.join(PRESETS['overload'].modes or ())}; --preset agents12: agentkv)",
     )
     where.add_argument(
         "--model",
@@ -252,13 +260,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--from-json",
         type=Path,
+        nargs="+",
         metavar="RESULTS_JSON",
-        help="only render the report of an earlier run's results.json",
+        help="only render the report of an earlier run's results.json (--preset overload, "
+        "agents12: of several runs' together, each of some modes or loads)",
     )
     out.add_argument(
         "--request-timeout", type=float, metavar="S",
-        help=f"seconds one turn may take before it counts as failed ({_TURN_TIMEOUT_S:g}; "
-        f"--preset long: {_PATH_TURN_TIMEOUT_S:g}, for each router step too)",
+        help=f"seconds one turn may take before it counts as failed ({TURN_TIMEOUT_S:g}; "
+        f"--preset long: {_PATH_TURN_TIMEOUT_S:g}, for each router step too; --preset "
+        "overload: 120, the routers' deadline for an accepted turn too)",
     )  # fmt: skip
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     other = parser.add_subparsers(
@@ -284,19 +295,22 @@ def run(args: argparse.Namespace) -> int:
     except AgentKVServerError as exc:  # engines that would not start
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, _Stopped):  # the engines and routers it started are stopped now
+    except (KeyboardInterrupt, Stopped):  # the engines and routers it started are stopped now
         print("agentkv bench: interrupted; no results written", file=sys.stderr)
         return EXIT_INTERRUPTED
     if isinstance(result, PathSweep):
         write_path_report(result, out_dir)
         return _print_outputs(out_dir, failed=sum(not t.ok for t in result.turns))
+    if isinstance(result, SweepResult):
+        sweep_cli.write_sweep_report(result, out_dir)
+        return _print_outputs(out_dir, failed=sum(t.outcome == "failed" for t in result.turns))
     return _report_modes(result, out_dir)
 
 
 @contextlib.contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[None]:
     """While the block runs, SIGTERM stops it as Ctrl-C does (KeyboardInterrupt; inside its
-    event loops, ``_run_until_stopped``). Signals belong to the main thread; elsewhere nothing
+    event loops, ``run_until_stopped``). Signals belong to the main thread; elsewhere nothing
     changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -312,55 +326,30 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-class _Stopped(Exception):
-    """The run's event loop was stopped by SIGTERM."""
-
-
-def _run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)``, where SIGTERM cancels ``main`` as asyncio's own handler does on
-    Ctrl-C: the routers and probes it opened stop on the way out, before the loop closes (an
-    exception raised into the loop instead would cancel a router's requests mid-answer). A
-    background job, whose shell ignores SIGINT for it, can still be stopped so."""
-    return asyncio.run(_stoppable(main))
-
-
-async def _stoppable(main: Coroutine[Any, Any, T]) -> T:
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    previous = signal.getsignal(signal.SIGTERM)
-    stopped = False
-
-    def stop() -> None:
-        nonlocal stopped
-        stopped = True
-        if task is not None:
-            task.cancel()
-
-    try:
-        loop.add_signal_handler(signal.SIGTERM, stop)
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-        return await main
-    try:
-        return await main
-    except asyncio.CancelledError:
-        if stopped:
-            raise _Stopped from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep:
+def _result(args: argparse.Namespace, out_dir: Path) -> BenchResult | PathSweep | SweepResult:
     """An earlier run's results (``--from-json``), else what the preset measures."""
     if args.from_json:
-        data = json.loads(args.from_json.read_text())
-        return PathSweep.from_dict(data) if is_path_sweep(data) else BenchResult.from_dict(data)
+        if len(args.from_json) > 1:
+            return sweep_cli.merged_sweeps(args.from_json)
+        data = json.loads(args.from_json[0].read_text())
+        if is_path_sweep(data):
+            return PathSweep.from_dict(data)
+        if sweep_cli.is_sweep(data):
+            return SweepResult.from_dict(data)
+        return BenchResult.from_dict(data)
     plan = _plan(args)
+    if plan.measures != "overload":
+        refuse(args, sweep_cli.OVERLOAD_ONLY, "is an overload option (--preset overload)")
     if plan.measures == "paths":
         return _measure_paths(args, plan, out_dir)
+    args = argparse.Namespace(**{**vars(args), "modes": args.modes or plan.modes or MODES})
     if plan.measures == "pressure":
         return _measure_pressure(args, plan, out_dir)
-    _refuse(args, _PRESSURE_ONLY, "is a pressure sweep's option (--preset pressure)")
+    if plan.measures == "overload":
+        return sweep_cli.measure_overload(args, plan, out_dir)
+    if plan.measures == "agents12":
+        return sweep_cli.measure_agents(args, plan, out_dir)
+    refuse(args, _PRESSURE_ONLY, "is a pressure sweep's option (--preset pressure)")
     return _measure(args, plan, out_dir)
 
 
@@ -392,6 +381,10 @@ def _plan(args: argparse.Namespace) -> Preset:
     preset = PRESETS[args.preset]
     if preset.pressure is not None:
         return _pressure_plan(args, preset)
+    if preset.overload is not None:
+        return sweep_cli.overload_plan(args, preset)
+    if preset.agents is not None:
+        return sweep_cli.agents_plan(args, preset)
     return preset.with_overrides(
         sessions=args.sessions,
         turns=args.turns,
@@ -412,7 +405,7 @@ def _plan(args: argparse.Namespace) -> Preset:
 def _pressure_plan(args: argparse.Namespace, preset: Preset) -> Preset:
     """The pressure preset with the command line's values (its own meaning of some)."""
     assert preset.pressure is not None
-    _refuse(args, _NOT_PRESSURE, "does not apply to --preset pressure (see --session-counts)")
+    refuse(args, _NOT_PRESSURE, "does not apply to --preset pressure (see --session-counts)")
     gap = args.tool_latency
     if gap is not None and gap.kind != "lognormal":
         raise ConfigError("--preset pressure: tool gaps are lognormal; give lognormal:MEDIAN")
@@ -436,49 +429,26 @@ def _pressure_plan(args: argparse.Namespace, preset: Preset) -> Preset:
     )
 
 
-def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
-    given = [name for name in names if getattr(args, name) not in (None, [])]
-    if given:
-        options = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise ConfigError(f"{options} {why}")
-
-
-OpenTarget = Callable[[ModeName], contextlib.AbstractAsyncContextManager[Target]]
-
-
-@dataclass(frozen=True)
-class _Setup:
-    """What a run measures: the modes, how to open each one's endpoint, and for the report."""
-
-    modes: tuple[ModeName, ...]
-    open_target: OpenTarget
-    model: str
-    tokenizer: TextTokenizer
-    description: str
-    open_warm_up: OpenTarget | None = None
-    """How the warm-up opens its mode, where that differs from ``open_target``."""
-
-
 def _measure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> BenchResult:
     started = time.time()
-    with _setup(args, plan, out_dir) as setup:
+    with open_setup(args, plan, out_dir) as setup:
         total = len(setup.modes) * plan.repeats * _turns_per_repeat(plan.workload)
         with tqdm(total=total, unit="turn", file=sys.stderr, disable=args.no_progress) as bar:
             runner = Runner(
                 plan.workload,
                 setup.tokenizer,
                 on_turn=lambda _: bar.update(),
-                request_timeout_s=args.request_timeout or _TURN_TIMEOUT_S,
+                request_timeout_s=args.request_timeout or TURN_TIMEOUT_S,
             )
-            records = _run_until_stopped(_run_modes(setup, plan.repeats, runner, bar))
+            records = run_until_stopped(_run_modes(setup, plan.repeats, runner, bar))
     config = {
-        **_run_config(args, plan),
+        **run_config(args, plan),
         "workload_text": _describe_workload(plan.workload),
         "repeats": plan.repeats,
         "modes": list(setup.modes),
         "model": setup.model,
         "deployment": setup.description,
-        **_timing(started),
+        **timing(started),
     }
     return BenchResult(
         config, tuple(records.turns), tuple(records.decodes), tuple(records.transfers)
@@ -490,25 +460,25 @@ def _measure_pressure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> 
     assert plan.pressure is not None
     pressure = plan.pressure
     started = time.time()
-    progress = _no_progress if args.no_progress else _progress_line
-    with _setup(args, plan, out_dir) as setup:
+    progress = no_progress if args.no_progress else progress_line
+    with open_setup(args, plan, out_dir) as setup:
         runner = Runner(
             plan.workload,
             setup.tokenizer,
-            request_timeout_s=args.request_timeout or _TURN_TIMEOUT_S,
+            request_timeout_s=args.request_timeout or TURN_TIMEOUT_S,
         )
 
         async def sweep() -> PressureRecords:
             salt = uuid.uuid4().hex[:8]
-            await _warm_up(runner, setup, salt)
+            await warm_up(runner, setup, salt)
             return await run_pressure(
                 pressure, setup.modes, plan.repeats, setup.open_target, runner, salt,
                 progress=progress,
             )  # fmt: skip
 
-        found = _run_until_stopped(sweep())
+        found = run_until_stopped(sweep())
     config = {
-        **_run_config(args, plan),
+        **run_config(args, plan),
         "measures": PRESSURE,
         "pressure": json.loads(json.dumps(asdict(pressure))),
         "workload_text": pressure.describe(),
@@ -516,7 +486,7 @@ def _measure_pressure(args: argparse.Namespace, plan: Preset, out_dir: Path) -> 
         "modes": list(setup.modes),
         "model": setup.model,
         "deployment": setup.description,
-        **_timing(started),
+        **timing(started),
     }
     return BenchResult(config, tuple(found.turns), windows=tuple(found.windows))
 
@@ -526,13 +496,13 @@ def _measure_paths(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Pat
     _refuse_options_of_modes(args)
     started = time.time()
     step_s = args.request_timeout or _PATH_TURN_TIMEOUT_S
-    progress = _no_progress if args.no_progress else _progress_line
-    with _deployment(args, plan, out_dir) as (deployment, tokenizer, model_dir):
+    progress = no_progress if args.no_progress else progress_line
+    with open_deployment(args, plan, out_dir) as (deployment, tokenizer, model_dir):
         sweep = sweep_paths(deployment, tokenizer, plan.workload, step_s=step_s, progress=progress)
-        turns = _run_until_stopped(sweep)
+        turns = run_until_stopped(sweep)
     w = plan.workload
     config = {
-        **_run_config(args, plan),
+        **run_config(args, plan),
         "workload_text": (
             f"one session per history length {', '.join(map(str, w.history_tokens))} tokens, "
             f"one turn per forced KV path; {w.new_tokens} new and {w.output_tokens} output "
@@ -541,15 +511,15 @@ def _measure_paths(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Pat
         "model": deployment.model,
         "kv_bytes_per_token": model_kv_bytes_per_token(model_dir),
         "step_timeout_s": step_s,
-        "deployment": _describe_deployment(deployment),
-        **_timing(started),
+        "deployment": describe_deployment(deployment),
+        **timing(started),
     }
     return PathSweep(config, tuple(turns))
 
 
 def _refuse_options_of_modes(args: argparse.Namespace) -> None:
     given = [name for name in _MODES_ONLY if getattr(args, name) not in (None, [])]
-    if tuple(args.modes) != MODES:
+    if args.modes is not None:
         given.append("modes")
     if given:
         options = ", ".join("--" + name.replace("_", "-") for name in given)
@@ -558,35 +528,9 @@ def _refuse_options_of_modes(args: argparse.Namespace) -> None:
         )
 
 
-def _run_config(args: argparse.Namespace, plan: Preset) -> dict[str, object]:
-    """What every results.json says about how it was asked for."""
-    return {
-        "command": _command_line(),
-        "preset": args.preset,
-        "workload": json.loads(json.dumps(asdict(plan.workload), default=str)),
-        "router_settings": environment_settings(),
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
-    }
-
-
-def _timing(started: float) -> dict[str, object]:
-    return {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "duration_s": round(time.time() - started, 1),
-    }
-
-
-def _progress_line(line: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
-
-def _no_progress(line: str) -> None:
-    return None
-
-
-async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> RunRecords:
+async def _run_modes(setup: Setup, repeats: int, runner: Runner, bar: tqdm) -> RunRecords:
     salt = uuid.uuid4().hex[:8]  # a fresh prefix for every run: no cache hit from an earlier one
-    await _warm_up(runner, setup, salt)
+    await warm_up(runner, setup, salt)
     records = RunRecords([], [], [])
     for mode in setup.modes:
         for repeat in range(repeats):
@@ -594,126 +538,6 @@ async def _run_modes(setup: _Setup, repeats: int, runner: Runner, bar: tqdm) -> 
             async with setup.open_target(mode) as target:
                 records.extend(await runner.run(target, repeat, salt))
     return records
-
-
-async def _warm_up(runner: Runner, setup: _Setup, salt: str) -> None:
-    """One short session before measuring, not recorded: first requests on fresh engines pay
-    one-off costs (the first NIXL handshake in each direction among them). It goes through the
-    first of ``_WARM_UP_VIA`` measured (``agentkv`` with the ``always`` policy on a router bench
-    runs, so that its follow-ups pull): never ``upstream``, whose engines would then retain the
-    session's KV for 480 s while the other modes run."""
-    mode = next((m for m in _WARM_UP_VIA if m in setup.modes), None)
-    if mode is None:
-        return
-    warm = Runner(_WARM_UP, runner.tokenizer, request_timeout_s=runner.request_timeout_s)
-    async with (setup.open_warm_up or setup.open_target)(mode) as target:
-        await warm.run(target, repeat=-1, salt=f"warm-{salt}")
-
-
-@contextlib.contextmanager
-def _setup(args: argparse.Namespace, plan: Preset, out_dir: Path) -> Iterator[_Setup]:
-    if args.base_url:
-        yield _given_endpoints(args)
-        return
-    with _deployment(args, plan, out_dir) as (deployment, tokenizer, _):
-
-        def routed(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
-            return serve_mode(mode, deployment)
-
-        description = _describe_deployment(deployment)
-
-        def warming(mode: ModeName) -> contextlib.AbstractAsyncContextManager[Target]:
-            # agentkv's own policy continues short follow-ups on the holder, which would leave
-            # P's first pull from D (and its handshake) to the measured turns.
-            return serve_mode(mode, deployment, policy="always" if mode == "agentkv" else None)
-
-        yield _Setup(tuple(args.modes), routed, deployment.model, tokenizer, description, warming)
-
-
-def _describe_deployment(deployment: Deployment) -> str:
-    return (
-        f"prefill {list(deployment.prefill_urls)}, decode {list(deployment.decode_urls)}, "
-        f"aggregated {list(deployment.aggregated_urls)}"
-    )
-
-
-def _given_endpoints(args: argparse.Namespace) -> _Setup:
-    urls = parse_base_urls(args.base_url, tuple(args.modes))
-    model = args.model or _served_model(next(iter(urls.values()))[0])
-
-    @contextlib.asynccontextmanager
-    async def given(mode: ModeName) -> AsyncIterator[Target]:
-        yield Target(
-            mode,
-            urls[mode],
-            model,
-            tuple(args.metrics_url),
-            tag_body=mode != "aggregated",
-            ends_sessions=ends_sessions(mode),
-        )
-
-    modes = tuple(mode for mode in args.modes if mode in urls)
-    return _Setup(modes, given, model, load_tokenizer(args.tokenizer), f"running endpoints {urls}")
-
-
-@contextlib.contextmanager
-def _deployment(
-    args: argparse.Namespace, plan: Preset, out_dir: Path
-) -> Iterator[tuple[Deployment, TextTokenizer, Path | None]]:
-    """The engines (started here unless given), the tokenizer that sizes prompts, and the
-    model's directory where it is known (the local stack's, or ``--tokenizer``'s)."""
-    tuned = environment_settings()  # the AGENTKV_* settings, for the modes' routers and D
-    if args.decode_url:
-        if not args.secret:
-            raise ConfigError("--decode-url needs --secret (the engines' agentkv_secret)")
-        model = args.model or _served_model(args.decode_url[0])
-        yield (
-            Deployment(
-                model=model,
-                prefill_urls=tuple(args.prefill_url),
-                decode_urls=tuple(args.decode_url),
-                aggregated_urls=tuple(args.aggregated_url or args.decode_url),
-                router_port=args.router_port,
-                secret=args.secret,
-                router_settings=tuned,
-            ),
-            load_tokenizer(args.tokenizer),
-            args.tokenizer if args.tokenizer is not None and args.tokenizer.is_dir() else None,
-        )
-        return
-    from agentkv_server.bench.engines import local_engines
-    from agentkv_server.bundle.model import min_kv_cache_gib
-
-    model = args.model or plan.model
-    # A long-context test model gets more KV cache than asked for (StackConfig).
-    kv_cache_gib = max(plan.kv_cache_gib, min_kv_cache_gib(model))
-    decode_kv = "" if plan.decode_kv_tokens is None else f", decode {plan.decode_kv_tokens} tokens"
-    host_tier = f", {args.host_tier_gib:g} GiB host tier below D" if args.host_tier_gib else ""
-    print(
-        f"starting a prefill and a decode engine ({model}, {kv_cache_gib} GiB of KV cache "
-        f"each{decode_kv}{host_tier}); logs in {out_dir}",
-        file=sys.stderr,
-    )
-    engines = local_engines(
-        model,
-        out_dir,
-        kv_cache_gib=plan.kv_cache_gib,
-        decode_kv_tokens=plan.decode_kv_tokens,
-        host_tier_gib=args.host_tier_gib or 0.0,
-        aggregated="aggregated" in args.modes,
-        router_settings=tuned,
-    )
-    with engines as (deployment, model_dir):
-        yield deployment, load_tokenizer(args.tokenizer or model_dir), model_dir
-
-
-def _served_model(url: str) -> str:
-    try:
-        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0)
-        response.raise_for_status()
-        return response.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"cannot ask {url} for its model ({exc}); pass --model") from None
 
 
 def _turns_per_repeat(workload: Workload) -> int:
@@ -731,12 +555,6 @@ def _describe_workload(w: Workload) -> str:
             else ""
         )
     )
-
-
-def _command_line() -> str:
-    """The command as typed, when this process is ``agentkv bench ...``."""
-    args = sys.argv[1:]
-    return shlex.join(["agentkv", *args]) if args[:1] == ["bench"] else "agentkv bench"
 
 
 def _int_list(text: str) -> tuple[int, ...]:

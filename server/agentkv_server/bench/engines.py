@@ -47,6 +47,7 @@ def local_engines(
     timeout_s: float = 600.0,
     aggregated: bool = True,
     router_settings: Mapping[str, Any] | None = None,
+    prefill_prefix_cache: bool = False,
 ) -> Iterator[tuple[Deployment, Path]]:
     """Start P and D for ``model`` (a preset name or a model directory), and an engine for
     ``aggregated`` where D slices prefills; yield the deployment the modes run on and the
@@ -54,14 +55,15 @@ def local_engines(
     aggregated engine's) KV cache in tokens, rounded up to whole blocks (None: all that
     ``kv_cache_gib`` holds). ``host_tier_gib``: host memory below D's KV cache (StackConfig).
     ``router_settings``: the Settings fields the modes' routers run
-    with, of which D takes its prefill slice."""
+    with, of which D takes its prefill slice. ``prefill_prefix_cache``: P keeps its prefix
+    cache, as ``agentkv serve`` starts it."""
     router_settings = dict(router_settings or {})
     (router_port,) = free_ports(1, HOST)
     config = StackConfig(
         model=model,
         host=HOST,
         log_dir=log_dir,
-        prefill_args=PREFILL_ARGS,
+        prefill_args=() if prefill_prefix_cache else PREFILL_ARGS,
         decode_args=decode_kv_args(decode_kv_tokens),
         router=False,
         report_port=router_port,

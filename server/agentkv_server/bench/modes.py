@@ -6,6 +6,7 @@
   responses, so a streaming agent gets no reuse from it);
 - ``upstream-best``: the same proxy at its best, as it will be once streamed turns report their
   params: it reuses streamed turns too (still no hints: the session's end is not announced);
+  like the proxy, both send every turn to the engines at once (the router's admission off);
 - ``agentkv``: the router with the cost model, client hints and early release;
 - ``aggregated``: no router; sessions go straight to one engine with prefix caching (several
   engines: each session sticks to one, chosen on the client).
@@ -37,6 +38,7 @@ __all__ = [
     "Deployment",
     "ModeName",
     "ends_sessions",
+    "mode_settings",
     "parse_base_urls",
     "serve_mode",
     "serve_router",
@@ -67,6 +69,9 @@ _POLICY: Final[Mapping[str, PolicyName]] = {
 # Modes whose clients send no session-end hint: vLLM's proxy has none, and the router would
 # release the last turn's KV on it (upstream's policy releases nothing either way).
 _NO_SESSION_END: Final[frozenset[str]] = frozenset({"upstream", "upstream-best"})
+# Modes that imitate vLLM's proxy, which sends every turn to its engines at once: the router
+# holds nothing back and refuses nothing for them (docs/router.md, "Admission").
+_NO_ADMISSION: Final[frozenset[str]] = frozenset({"upstream", "upstream-best"})
 
 
 @dataclass(frozen=True)
@@ -110,17 +115,7 @@ async def serve_mode(
             raise ConfigError("mode 'aggregated' needs an engine (--aggregated-url)")
         yield Target(mode, deployment.aggregated_urls, deployment.model, metrics, tag_body=False)
         return
-    settings = Settings.model_validate(
-        {
-            **deployment.router_settings,
-            "host": deployment.router_host,
-            "port": deployment.router_port,
-            "prefill_urls": deployment.prefill_urls,
-            "decode_urls": deployment.decode_urls,
-            "policy": policy or _POLICY[mode],
-            "secret": deployment.secret,
-        }
-    )
+    settings = mode_settings(mode, deployment, policy=policy)
     async with serve_router(settings) as url:
         yield Target(
             mode,
@@ -130,6 +125,27 @@ async def serve_mode(
             prefill_metrics_urls=tuple(f"{u.rstrip('/')}/metrics" for u in deployment.prefill_urls),
             ends_sessions=ends_sessions(mode),
         )
+
+
+def mode_settings(
+    mode: ModeName, deployment: Deployment, *, policy: PolicyName | None = None
+) -> Settings:
+    """The router settings of a router mode: the deployment's, then bench's own (its engines,
+    the mode's policy), with admission off for the modes that imitate vLLM's proxy."""
+    router_settings = dict(deployment.router_settings)
+    if mode in _NO_ADMISSION:
+        router_settings["admission"] = {**router_settings.get("admission", {}), "enabled": False}
+    return Settings.model_validate(
+        {
+            **router_settings,
+            "host": deployment.router_host,
+            "port": deployment.router_port,
+            "prefill_urls": deployment.prefill_urls,
+            "decode_urls": deployment.decode_urls,
+            "policy": policy or _POLICY[mode],
+            "secret": deployment.secret,
+        }
+    )
 
 
 @contextlib.asynccontextmanager

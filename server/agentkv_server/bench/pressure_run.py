@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -108,13 +108,23 @@ async def drain(
         await asyncio.sleep(poll_s)
 
 
-async def end_sessions(target: Target, http: httpx.AsyncClient, session_ids: Sequence[str]) -> None:
-    """Release what a router still holds for the run's sessions (engines answer 404: fine)."""
+async def end_sessions(
+    target: Target,
+    http: httpx.AsyncClient,
+    session_ids: Sequence[str],
+    api_keys: Mapping[str, str] | None = None,
+) -> None:
+    """Release what a router still holds for the run's sessions (engines answer 404: fine).
+    ``api_keys``: the key each session's client sent, where the router takes keys (a session
+    belongs to its tenant, and only the tenant may end it)."""
     if not target.tag_body:  # plain engines: no router, nothing of theirs is retained
         return
     for session_id in session_ids:
+        key = (api_keys or {}).get(session_id)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
         with contextlib.suppress(httpx.HTTPError):
-            await http.delete(f"{target.base_urls[0].rstrip('/')}/v1/sessions/{session_id}")
+            url = f"{target.base_urls[0].rstrip('/')}/v1/sessions/{session_id}"
+            await http.delete(url, headers=headers)
 
 
 def _held_fraction(engines: list[EngineMemory]) -> float | None:

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Final, Literal
 
-__all__ = ["BenchResult", "DecodeRecord", "PressureWindow", "TransferRecord", "TurnRecord"]
+__all__ = [
+    "REFUSAL_CODE",
+    "Attempt",
+    "BenchResult",
+    "DecodeRecord",
+    "Outcome",
+    "PressureWindow",
+    "RunWindow",
+    "SweepResult",
+    "TenantTurn",
+    "TransferRecord",
+    "TurnRecord",
+]
+
+# The error code of a router's refusal at arrival (503, Retry-After): the turn was not accepted.
+REFUSAL_CODE: Final = "overloaded"
+
+Outcome = Literal["served", "refused", "failed"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,91 @@ class TurnRecord:
     def from_dict(cls, data: dict[str, Any]) -> TurnRecord:
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in names})
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One HTTP try of a turn as the client saw it (a turn the client retried has several).
+
+    ``status``: the answer's HTTP status (None: no answer, ``error`` names the exception);
+    ``seconds``: from sending the try to its answer's headers (or to the error); ``code``: the
+    error body's ``error.code``; ``retry_after_s`` and ``should_retry``: the ``Retry-After`` and
+    ``x-should-retry`` headers, where sent; ``queue_s`` and ``queue_priority``: the router's
+    ``queue`` entry of ``Server-Timing`` (how long the turn waited in its queue, and as what).
+    """
+
+    status: int | None
+    seconds: float
+    code: str | None = None
+    retry_after_s: float | None = None
+    should_retry: bool | None = None
+    queue_s: float | None = None
+    queue_priority: str | None = None
+    error: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Refused at arrival: never accepted, so never a failed accepted turn."""
+        return self.status == 503 and self.code == REFUSAL_CODE
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TenantTurn:
+    """A turn sent as an agent's client sends it (bench/tenant_runner.py): ``turn`` as the mode
+    comparison records it, whose session it was (``label``: its tenant or kind; ``burst``: the
+    burst it arrived in, None for sessions already running), the offered ``load`` of its run
+    (x the stack's capacity; 0: the steady tenant alone; None outside the overload preset), and
+    every HTTP try it took.
+    """
+
+    turn: TurnRecord
+    label: str
+    attempts: tuple[Attempt, ...] = ()
+    burst: int | None = None
+    load: float | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        """``refused``: the last try was refused at arrival (the client gave up retrying);
+        ``failed``: accepted and never answered."""
+        if self.turn.ok:
+            return "served"
+        if self.attempts and self.attempts[-1].refused:
+            return "refused"
+        return "failed"
+
+    @property
+    def refusals(self) -> tuple[Attempt, ...]:
+        return tuple(a for a in self.attempts if a.refused)
+
+    @property
+    def answered(self) -> Attempt | None:
+        """The try answered with a stream: it says how long the turn waited in the queue."""
+        return next((a for a in reversed(self.attempts) if a.status == 200), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "turn": self.turn.to_dict(),
+            "label": self.label,
+            "attempts": [asdict(a) for a in self.attempts],
+            "burst": self.burst,
+            "load": self.load,
+            "outcome": self.outcome,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TenantTurn:
+        return cls(
+            TurnRecord.from_dict(data["turn"]),
+            data["label"],
+            tuple(Attempt.from_dict(a) for a in data.get("attempts", ())),
+            data.get("burst"),
+            data.get("load"),
+        )
 
 
 @dataclass(frozen=True)
@@ -159,6 +261,35 @@ class PressureWindow:
 
 
 @dataclass(frozen=True)
+class RunWindow:
+    """One run of planned sessions (bench/sweep.py): its mode, repeat and point (``tag``;
+    ``load``, ``burst_size`` and ``offered_tokens_per_s`` where the point is an offered load),
+    how many sessions it started, how long its sessions took, how long bench waited beforehand
+    for an earlier run's KV to leave the decode engines, and what the mode's router counted
+    meanwhile (None: no router, or a router without that counter)."""
+
+    mode: str
+    repeat: int
+    tag: str
+    sessions: int
+    duration_s: float
+    drained_s: float = 0.0
+    load: float | None = None
+    burst_size: int | None = None
+    offered_tokens_per_s: float | None = None
+    refused: float | None = None
+    queued: float | None = None
+    marked_down: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunWindow:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """A whole run: how it was configured (free-form, JSON-ready), every turn's record, with
     decoding sessions every one of their requests, the engines' KV transfer totals and, for
@@ -187,4 +318,30 @@ class BenchResult:
             tuple(DecodeRecord.from_dict(d) for d in data.get("decodes", ())),
             tuple(TransferRecord.from_dict(t) for t in data.get("transfers", ())),
             tuple(PressureWindow.from_dict(w) for w in data.get("windows", ())),
+        )
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A run of points of planned sessions (the overload and ``agents12`` presets): how it was
+    configured (free-form, JSON-ready; ``measures`` names the preset's kind), every turn and
+    every run's window."""
+
+    config: dict[str, Any]
+    turns: tuple[TenantTurn, ...]
+    windows: tuple[RunWindow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "turns": [t.to_dict() for t in self.turns],
+            "windows": [w.to_dict() for w in self.windows],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepResult:
+        return cls(
+            data["config"],
+            tuple(TenantTurn.from_dict(t) for t in data["turns"]),
+            tuple(RunWindow.from_dict(w) for w in data["windows"]),
         )

@@ -8,9 +8,10 @@ figure's own canvas rather than with the process-wide ``matplotlib.use``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from agentkv_server.bench.gaps import GAP_STEPS, SLOW_GAP_FACTOR, gap_causes
 from agentkv_server.bench.records import BenchResult
@@ -22,6 +23,7 @@ __all__ = [
     "SPEEDUP_PLOT",
     "TRADE_PLOT",
     "TTFT_PLOT",
+    "header_lines",
     "render_markdown",
     "write_report",
 ]
@@ -65,17 +67,8 @@ def _write_json(result: BenchResult, summary: Summary, path: Path) -> Path:
 
 def render_markdown(result: BenchResult, summary: Summary) -> str:
     """The summary a person reads: the run's shape, one row per mode, one row per history."""
-    config = result.config
     lines = [
-        "# agentkv bench",
-        "",
-        f"Command: `{config.get('command', 'agentkv bench')}`",
-        "",
-        f"Workload: {config.get('workload_text', '')}",
-        (
-            f"Model: {config.get('model', '?')}; repeats: {config.get('repeats', '?')}; "
-            f"deployment: {config.get('deployment', '?')}"
-        ),
+        *header_lines("agentkv bench", result.config),
         "",
         (
             "TTFT and end-to-end latency are client-side medians over follow-up turns (turn >= 2), "
@@ -98,6 +91,22 @@ def render_markdown(result: BenchResult, summary: Summary) -> str:
         *_gap_table(result),
     ]
     return "\n".join(lines) + "\n"
+
+
+def header_lines(title: str, config: Mapping[str, Any]) -> list[str]:
+    """A summary's title and how its run was asked for: command, workload, model, repeats and
+    deployment, from its ``config``."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{config.get('command', 'agentkv bench')}`",
+        "",
+        f"Workload: {config.get('workload_text', '')}",
+        (
+            f"Model: {config.get('model', '?')}; repeats: {config.get('repeats', '?')}; "
+            f"deployment: {config.get('deployment', '?')}"
+        ),
+    ]
 
 
 def _mode_row(m: ModeSummary) -> str:

@@ -28,7 +28,7 @@ from agentkv_server.bench.records import DecodeRecord, TransferRecord, TurnRecor
 from agentkv_server.bench.transfers import TransferProbe
 from agentkv_server.bench.workload import TextTokenizer, Workload
 
-__all__ = ["RunRecords", "Runner", "Target", "session_name"]
+__all__ = ["RunRecords", "Runner", "Target", "session_name", "stream_turn"]
 
 # Engine-side sampling that makes every turn produce exactly ``output_tokens`` (random-weight
 # test models would otherwise stop at an early end-of-sequence token).
@@ -265,8 +265,6 @@ class Runner:
         messages: Sequence[dict[str, Any]],
         where: _Turn,
     ) -> tuple[TurnRecord, str]:
-        output = self.workload.output_tokens
-        started = time.perf_counter()
         base = TurnRecord(
             mode=target.mode,
             repeat=where.run.repeat,
@@ -275,53 +273,72 @@ class Runner:
             turn=where.turn,
             tool_latency_s=where.tool_latency_s,
             pressure_sessions=where.run.pressure_sessions,
-            sent_s=started - where.run.started,
         )
-        first: float | None = None
-        last: float | None = None
-        parts: list[str] = []
-        usage: Any = None
-        try:
-            stream = await client.chat.completions.create(
-                model=target.model,
-                messages=list(messages),  # type: ignore[arg-type]
-                max_tokens=output,
-                temperature=0.0,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={**_EXACT_LENGTH, "min_tokens": output},
-            )
-            async for chunk in stream:
-                if chunk.choices and first is None:
-                    first = time.perf_counter()
-                parts.extend(c.delta.content for c in chunk.choices if c.delta and c.delta.content)
-                usage = chunk.usage or usage
-                last = time.perf_counter()
-        except (openai.OpenAIError, httpx.HTTPError, asyncio.TimeoutError) as exc:
-            return replace(base, error=f"{type(exc).__name__}: {exc}"[:500]), ""
-        ended = time.perf_counter()
-        if first is None:
-            return replace(base, error="stream ended without a chunk"), ""
-        info = session.last_turn
-        timing = info.server_timing if info else {}
-        return (
-            replace(
-                base,
-                ttft_s=first - started,
-                latency_s=ended - started,
-                prompt_tokens=getattr(usage, "prompt_tokens", None),
-                output_tokens=getattr(usage, "completion_tokens", None),
-                reused_tokens=_reused(info, usage),
-                kv_path=info.kv_path if info else None,
-                kv_reason=info.kv_reason if info else None,
-                plan_s=timing.get("plan"),
-                prefill_s=timing.get("prefill"),
-                decode_s=timing.get("decode"),
-                end_wait_s=ended - (last or ended),
-                ended_s=ended - where.run.started,
-            ),
-            "".join(parts),
+        return await stream_turn(
+            client, target.model, session, messages, self.workload.output_tokens, base,
+            where.run.started,
+        )  # fmt: skip
+
+
+async def stream_turn(
+    client: agentkv.AsyncOpenAI,
+    model: str,
+    session: agentkv.Session,
+    messages: Sequence[dict[str, Any]],
+    output_tokens: int,
+    base: TurnRecord,
+    origin: float,
+) -> tuple[TurnRecord, str]:
+    """Send one streamed turn of exactly ``output_tokens`` inside ``session``; its record (``base``
+    filled in, times from ``origin``, a ``perf_counter`` reading) and the answer's text. The TTFT
+    runs from the call, so it includes whatever retries the client made before an answer."""
+    started = time.perf_counter()
+    base = replace(base, sent_s=started - origin)
+    first: float | None = None
+    last: float | None = None
+    parts: list[str] = []
+    usage: Any = None
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=list(messages),  # type: ignore[arg-type]
+            max_tokens=output_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={**_EXACT_LENGTH, "min_tokens": output_tokens},
         )
+        async for chunk in stream:
+            if chunk.choices and first is None:
+                first = time.perf_counter()
+            parts.extend(c.delta.content for c in chunk.choices if c.delta and c.delta.content)
+            usage = chunk.usage or usage
+            last = time.perf_counter()
+    except (openai.OpenAIError, httpx.HTTPError, asyncio.TimeoutError) as exc:
+        return replace(base, error=f"{type(exc).__name__}: {exc}"[:500]), ""
+    ended = time.perf_counter()
+    if first is None:
+        return replace(base, error="stream ended without a chunk"), ""
+    info = session.last_turn
+    timing = info.server_timing if info else {}
+    return (
+        replace(
+            base,
+            ttft_s=first - started,
+            latency_s=ended - started,
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            output_tokens=getattr(usage, "completion_tokens", None),
+            reused_tokens=_reused(info, usage),
+            kv_path=info.kv_path if info else None,
+            kv_reason=info.kv_reason if info else None,
+            plan_s=timing.get("plan"),
+            prefill_s=timing.get("prefill"),
+            decode_s=timing.get("decode"),
+            end_wait_s=ended - (last or ended),
+            ended_s=ended - origin,
+        ),
+        "".join(parts),
+    )
 
 
 def session_name(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
+from agentkv_server.bench.agents12 import AgentSessions
+from agentkv_server.bench.overload import OverloadWorkload
 from agentkv_server.bench.pressure import PressureWorkload
 from agentkv_server.bundle.model import DEFAULT_MODEL
 from agentkv_server.errors import ConfigError
@@ -32,7 +34,9 @@ __all__ = [
     "ToolLatency",
     "WordTokenizer",
     "Workload",
+    "agents_preset",
     "load_tokenizer",
+    "overload_preset",
     "pressure_preset",
     "text_of_tokens",
 ]
@@ -42,8 +46,11 @@ DECODER_PROMPT_TOKENS = 64
 
 Distribution = Literal["fixed", "exponential", "lognormal", "uniform"]
 # What a preset measures: every serving mode side by side (runner.py), each KV path's cost
-# against history length (paths.py), or the modes under memory pressure (pressure.py).
-Measures = Literal["modes", "paths", "pressure"]
+# against history length (paths.py), the modes under memory pressure (pressure.py), beyond
+# their capacity (overload.py), or issue 48's twelve agent sessions (agents12.py).
+Measures = Literal["modes", "paths", "pressure", "overload", "agents12"]
+# The modes the overload preset compares unless --modes says otherwise.
+OVERLOAD_MODES = ("aggregated", "agentkv", "upstream-best")
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,14 @@ class Preset:
     measures: Measures = "modes"
     # ``pressure``: the sessions (bench/pressure.py); the workload then only gives their texts.
     pressure: PressureWorkload | None = None
+    # ``overload`` and ``agents12``: the sessions, as ``pressure``.
+    overload: OverloadWorkload | None = None
+    agents: AgentSessions | None = None
+    # The modes measured unless --modes says otherwise (None: every mode).
+    modes: tuple[str, ...] | None = None
+    # The local prefill engine keeps its prefix cache, as ``agentkv serve`` starts it (bench
+    # turns it off elsewhere: bench/engines.py says why).
+    prefill_prefix_cache: bool = False
 
     def with_overrides(self, **fields: object) -> Preset:
         """A copy whose workload fields (or ``repeats`` / ``model`` / ``kv_cache_gib`` /
@@ -201,6 +216,41 @@ def pressure_preset(
     return Preset(
         description, texts, repeats, model, kv_cache_gib, decode_kv_tokens, "pressure", pressure
     )
+
+
+def overload_preset(description: str, overload: OverloadWorkload, *, repeats: int = 1) -> Preset:
+    """The overload preset on the real model: the texts its sessions send follow its sizes."""
+    texts = Workload(
+        sessions=1,
+        turns=overload.turns[1],
+        history_tokens=(overload.history_tokens[1],),
+        new_tokens=overload.new_tokens,
+        output_tokens=overload.output_tokens,
+        seed=overload.seed,
+    )
+    return Preset(
+        description, texts, repeats, DEFAULT_MODEL, measures="overload", overload=overload,
+        modes=OVERLOAD_MODES,
+    )  # fmt: skip
+
+
+def agents_preset(description: str, agents: AgentSessions, *, repeats: int = 1) -> Preset:
+    """Issue 48's sessions on the engines ``agentkv serve`` starts with its defaults (the real
+    model, 1 GiB of KV cache each, the prefill engine's prefix cache on); ``agentkv`` alone
+    unless --modes says otherwise."""
+    texts = Workload(
+        sessions=agents.sessions,
+        turns=agents.turns,
+        history_tokens=(agents.history_tokens,),
+        new_tokens=agents.new_words,
+        output_tokens=agents.output_tokens,
+        concurrency=agents.sessions,
+        seed=agents.seed,
+    )
+    return Preset(
+        description, texts, repeats, DEFAULT_MODEL, measures="agents12", agents=agents,
+        modes=("agentkv",), prefill_prefix_cache=True,
+    )  # fmt: skip
 
 
 PRESETS: dict[str, Preset] = {
@@ -276,6 +326,20 @@ PRESETS: dict[str, Preset] = {
             start_spread_s=60.0,
         ),
         decode_kv_tokens=8192,
+    ),
+    "overload": overload_preset(
+        "bursts of new sessions beside running ones at 1x, 2x and 4x the stack's measured "
+        "capacity, and the steady tenant alone, on the real model (SmolLM2-135M): goodput, "
+        "refusals, follow-up TTFT, issue 48's bars pass/fail (aggregated, agentkv and "
+        "upstream-best; about 50 min on 2 CPU cores)",
+        OverloadWorkload(),
+    ),
+    "agents12": agents_preset(
+        "issue 48's run: 12 streamed agent sessions (2.7k-token histories, 5 turns of 100 new "
+        "words, 16 output tokens, fast / slow / idle tool gaps, started 3 s apart) on the "
+        "engines agentkv serve starts, clients retrying as openai's do (agentkv; about 5 "
+        "min)",
+        AgentSessions(),
     ),
 }
 

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentkv_server.connector.log import get_logger
-from agentkv_server.wire import EXPIRES_AT, RELEASE, RETENTION_SECONDS, TICKET
+from agentkv_server.wire import EXPIRES_AT, RELEASE, RENEW, RETENTION_SECONDS, TICKET
 
 __all__ = [
     "expires_within",
     "release_ids",
+    "renewals",
     "retention_seconds",
     "ticket",
 ]
@@ -62,6 +63,26 @@ def release_ids(params: Mapping[str, Any] | None) -> list[str]:
         logger.warning("Ignoring %s that is not a list of request ids: %r", RELEASE, value)
         return []
     return [str(req_id) for req_id in value]
+
+
+def renewals(params: Mapping[str, Any] | None) -> dict[str, float]:
+    """Retained request ids this request asks to keep longer, and for how many seconds from
+    now (empty when none; unusable entries are skipped)."""
+    value = (params or {}).get(RENEW)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        logger.warning("Ignoring %s that is not an object of request ids: %r", RENEW, value)
+        return {}
+    kept = {}
+    for req_id, seconds in value.items():
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+            kept[str(req_id)] = float(seconds)
+        else:
+            logger.warning(
+                "Ignoring %s for %s: %r is not a positive number", RENEW, req_id, seconds
+            )
+    return kept
 
 
 def ticket(params: Mapping[str, Any] | None) -> str | None:

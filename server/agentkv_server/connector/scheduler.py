@@ -24,7 +24,8 @@ synchronously: the request is computed in the step that reads it, not the one af
 and a synchronous read would stall the engine's other prompts for it.
 
 A request carrying ``agentkv_release`` frees the named retained requests' blocks at once, as
-it arrives: a release of its own, or a decode step that needs their room.
+it arrives: a release of its own, or a decode step that needs their room. One carrying
+``agentkv_renew`` keeps the named ones longer (their turn waits in the router's queue).
 While released or expired blocks wait for the worker to free them (one step), a request that
 finds no room waits for them rather than preempting another (``has_pending_block_frees``).
 
@@ -49,7 +50,12 @@ from agentkv_server.connector.blockwaits import BlockWaits
 from agentkv_server.connector.capacity import capacity_params
 from agentkv_server.connector.idle import IdleBackoff, engine_input_queue, wait_for_input
 from agentkv_server.connector.log import get_logger
-from agentkv_server.connector.params import expires_within, release_ids, retention_seconds
+from agentkv_server.connector.params import (
+    expires_within,
+    release_ids,
+    renewals,
+    retention_seconds,
+)
 from agentkv_server.connector.params import ticket as requested_ticket
 from agentkv_server.connector.prefix import PrefixFingerprint, common_prefix_tokens
 from agentkv_server.connector.report import HoldingReporter
@@ -299,6 +305,8 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         self._block_waits.arrived(request.request_id)
         for req_id in release_ids(request.kv_transfer_params):
             self._release(req_id)
+        for req_id, seconds in renewals(request.kv_transfer_params).items():
+            self._renew(req_id, seconds)
 
     def request_finished(
         self, request: Request, block_ids: BlockIds
@@ -404,7 +412,7 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         req_id = request.request_id
         seconds = (
             0.0  # a release request is plumbing: nothing of it is worth keeping
-            if wire.is_release_only(request_params)
+            if wire.is_housekeeping(request_params)
             else retention_seconds(
                 request_params,
                 default=self._settings.default_retention_seconds,
@@ -431,6 +439,19 @@ class AgentKVScheduler(NixlPullConnectorScheduler):
         params.update(PrefixFingerprint.of(held_tokens, self.block_size).to_params())
         params.update(self._capacity)
         return True
+
+    def _renew(self, req_id: str, seconds: float) -> None:
+        """Keep a retained request's blocks at least ``seconds`` from now (within the maximum
+        retention); the worker takes the later deadline on its next step. One already released
+        or expired stays so: its blocks may be freed already."""
+        now = time.perf_counter()
+        deadline = self._deadlines.get(req_id, 0.0)
+        if req_id not in self._retained or deadline <= now:
+            logger.debug("Renewal of %s ignored: no blocks retained for it", req_id)
+            return
+        renewed = now + min(seconds, self._settings.max_retention_seconds)
+        if renewed > deadline:
+            self._reqs_need_send[req_id] = self._deadlines[req_id] = renewed
 
     def _release(self, req_id: str) -> None:
         """Expire a retained request now; the worker frees its blocks on its next step."""

@@ -135,6 +135,10 @@ def _start(settings: Settings, store: SessionStore | None, policy: ReusePolicy) 
         releases_enabled=policy.sends_hints,
         ledger=ledger,
         sweep_s=settings.capacity.sweep_s,
+        # A pull held in the router's queue keeps its holding a retention slack at a time,
+        # renewed once P might not read it in time: P's queue, then the expiry guard.
+        renew_s=settings.retention.slack_s,
+        renew_margin_s=settings.admission.prefill_queue_s + settings.cost.expiry_guard_s + 5.0,
     )
     return RouterState(
         settings=settings,

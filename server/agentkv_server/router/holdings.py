@@ -5,7 +5,9 @@ turn, issues tickets, records what decode engines report, ends sessions and rele
 
 A holding that will not be pulled (replaced by a newer turn, refused after a session ended,
 evicted, or skipped by the policy) still occupies decode memory until it expires; the keeper
-sends the release request of docs/protocol.md section 5 so the engine frees it now. Releases
+sends the release request of docs/protocol.md section 5 so the engine frees it now. One whose
+pull waits in the router's queue is renewed on its engine instead, so that it does not expire
+while its turn waits (``keep_while``). Releases
 run in the background, but those a decode step needs the room of go with the step itself
 (``make_room``).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -68,6 +71,8 @@ class HoldingKeeper:
         releases_enabled: bool,
         ledger: CapacityLedger | None = None,
         sweep_s: float = 1.0,
+        renew_s: float = 60.0,
+        renew_margin_s: float = 10.0,
     ) -> None:
         self._store = store
         self._http = http
@@ -76,6 +81,8 @@ class HoldingKeeper:
         self._releases_enabled = releases_enabled
         self._ledger = ledger
         self._sweep_s = sweep_s
+        self._renew_s = renew_s
+        self._renew_margin_s = renew_margin_s
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         # Tickets issued here whose holding is not recorded yet, each with the event it sets.
@@ -352,6 +359,50 @@ class HoldingKeeper:
         if not self._releases_enabled or not request_ids:
             return False
         return await self._release(holding.decode_url, holding.model, request_ids)
+
+    async def keep_while(self, holding: Holding, waiting: asyncio.Future[Any]) -> Holding:
+        """``holding`` kept on its engine until ``waiting`` is done (its turn held in the
+        router's queue): whenever it comes within ``renew_margin_s`` of its expiry, its engine is
+        asked to keep it that margin and ``renew_s`` more. The holding as it stands at the end; one whose
+        engine did not answer is left to its expiry (the pull then finds it gone, and P
+        recomputes)."""
+        while not waiting.done():
+            due_s = holding.expires_at - self._renew_margin_s - time.time()
+            if due_s > 0:
+                await asyncio.wait({waiting}, timeout=due_s)
+                continue
+            renewed = await self.renew(holding, self._renew_margin_s + self._renew_s)
+            if renewed is None:
+                await asyncio.wait({waiting})
+                break
+            holding = renewed
+        return holding
+
+    async def renew(self, holding: Holding, seconds: float) -> Holding | None:
+        """Ask the holding's engine to keep it ``seconds`` from now: the holding with its
+        expiry moved as far, or None when the engine did not take the request."""
+        request_ids = holding.request_ids()
+        if not self._releases_enabled or not request_ids:
+            return None
+        body = wire.renew_body(holding.model, dict.fromkeys(request_ids, seconds))
+        try:
+            answer = await self._http.fetch(
+                f"{holding.decode_url}/v1/completions",
+                self._release_timeout,
+                json=codec.dumps(body),
+            )
+        except (HTTPError, asyncio.TimeoutError) as exc:
+            logger.warning("renewing a holding on %s failed: %r", holding.decode_url, exc)
+            return None
+        if answer.status != 200:
+            logger.warning("renewing a holding on %s: HTTP %d", holding.decode_url, answer.status)
+            return None
+        now = time.time()
+        return dataclasses.replace(
+            holding,
+            params=wire.renewed_params(holding.params, seconds, now=now),
+            expires_at=now + seconds - self._safety_margin_s,
+        )
 
     async def _release(self, decode_url: str, model: str, request_ids: list[str]) -> bool:
         body = wire.release_body(model, request_ids)

@@ -16,7 +16,7 @@ It behaves like a bidirectional NixlConnector engine with agentkv's connector, m
   ``failed`` while ``kv_load_fails`` is set (the step then computes the prompt itself);
 - while ``blocks_wait`` is set, a decode step says it waited that long for KV blocks (seconds,
   and those of them beside retained holdings), as agentkv's connector does;
-- ``agentkv_release`` frees retained requests at once;
+- ``agentkv_release`` frees retained requests at once, ``agentkv_renew`` keeps them longer;
 - a non-streamed request with a JSON-schema format is answered with a sample of the schema
   (stub_shapes.py), so openai's ``parse`` helpers accept it.
 
@@ -118,6 +118,7 @@ class StubEngine:
     requests: list[RecordedRequest] = field(default_factory=list)
     retained: dict[str, Retained] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+    renewed: list[str] = field(default_factory=list)
     pulled: list[tuple[str, str, int]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     frozen: bool = False
@@ -151,7 +152,7 @@ class StubEngine:
             r
             for r in self.requests
             if r.path.endswith(("completions", "responses"))
-            and not wire.is_release_only(r.kv_params)
+            and not wire.is_housekeeping(r.kv_params)
         ]
 
     async def start(self, port: int = 0) -> None:
@@ -238,8 +239,10 @@ class StubEngine:
         params = body.get(wire.KV_TRANSFER_PARAMS) or {}
         if wire.RELEASE in params:
             self._release(params[wire.RELEASE])
-            if wire.is_release_only(params):
-                return web.json_response(answer_body(body, "", 1, 1, None))
+        if wire.RENEW in params:
+            self._renew(params[wire.RENEW])
+        if wire.is_housekeeping(params):
+            return web.json_response(answer_body(body, "", 1, 1, None))
         if params.get(wire.DO_REMOTE_DECODE):
             return await self._prefill(body, params)
         return await self._decode(request, body, params)
@@ -255,6 +258,13 @@ class StubEngine:
             return web.Response(status=500)
         await asyncio.sleep(3600)  # "hang": the client's timeout ends it
         return None
+
+    def _renew(self, renewals: dict[str, float]) -> None:
+        for request_id, seconds in renewals.items():
+            entry = self.retained.get(request_id)
+            if entry is not None and entry.alive():
+                entry.deadline = max(entry.deadline, time.monotonic() + seconds)
+                self.renewed.append(request_id)
 
     def _release(self, request_ids: list[str]) -> None:
         for request_id in request_ids:

@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agentkv_server.bench import cli, engines
+from agentkv_server.bench import cli, cli_setup, engines
+from agentkv_server.bench.agents12 import AgentSessions
+from agentkv_server.bench.agents12_report import is_agents
+from agentkv_server.bench.capacity import GIVEN
 from agentkv_server.bench.modes import Deployment
+from agentkv_server.bench.overload import OverloadWorkload
+from agentkv_server.bench.overload_report import OVERLOAD_PLOT, is_overload
 from agentkv_server.bench.paths import COST_PLOT, EXPECTED_PATH, PathSweep, is_path_sweep
 from agentkv_server.bench.pressure_report import PRESSURE_PLOT
 from agentkv_server.bench.records import BenchResult
@@ -27,7 +32,7 @@ from agentkv_server.bench.report import (
     TRADE_PLOT,
     TTFT_PLOT,
 )
-from agentkv_server.bench.workload import WordTokenizer
+from agentkv_server.bench.workload import PRESETS, WordTokenizer, agents_preset, overload_preset
 from agentkv_server.testing import StubCluster, StubEngine, http_reporter
 
 StartEngines = Callable[[StubCluster], Awaitable[tuple[StubEngine, StubEngine]]]
@@ -226,7 +231,7 @@ def local_stub_stack(
         )  # fmt: skip
 
     monkeypatch.setattr(engines, "local_engines", local_engines)
-    monkeypatch.setattr(cli, "load_tokenizer", lambda path: WordTokenizer())
+    monkeypatch.setattr(cli_setup, "load_tokenizer", lambda path: WordTokenizer())
     return started
 
 
@@ -402,3 +407,112 @@ def test_pressure_options_belong_to_the_pressure_sweep(
 def test_a_negative_start_spread_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench("--preset", "pressure", "--start-spread", "-1") == 2
     assert "start spread must be >= 0 seconds" in capsys.readouterr().err
+
+
+# --- the overload and agents12 presets ------------------------------------------------------
+
+SMALL_OVERLOAD = OverloadWorkload(
+    loads=(0.0, 1.0, 2.0, 4.0), objective_s=5.0, history_tokens=(200, 300), new_tokens=5,
+    output_tokens=3, turns=(2, 2), bursts=1, burst_period_s=0.3, burst_window_s=0.05,
+    lead_in_s=0.1, gap_median_s=0.02, steady_sessions=1, steady_gap_median_s=0.05,
+    calibration_turns=2,
+)  # fmt: skip
+
+
+@pytest.fixture
+def small_overload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PRESETS, "overload", overload_preset("small", SMALL_OVERLOAD))
+
+
+def test_preset_overload_measures_the_capacity_then_every_load_per_mode(
+    small_overload: None, stubs: StubThread, router_port: int, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    code = bench(
+        "--preset", "overload", "--prefill-url", stubs.engine("prefill").url, "--decode-url",
+        stubs.engine("decode").url, "--router-port", str(router_port), "--secret", SECRET,
+        "--loads", "0,1,2", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads((out / JSON_NAME).read_text())
+    assert is_overload(data) and data["config"]["modes"] == [
+        "aggregated",
+        "agentkv",
+        "upstream-best",
+    ]
+    capacity = data["config"]["capacity"]
+    assert len(capacity["prompt_tokens"]) == 2 and capacity["tokens_per_s"] > 0
+    assert "cold turns" in capacity["method"] and data["config"]["overload"]["loads"] == [0, 1, 2]
+    rows = {(r["mode"], r["load"]): r for r in data["rows"]}
+    assert set(rows) == {
+        (m, x) for m in ("aggregated", "agentkv", "upstream-best") for x in (0, 1, 2)
+    }
+    assert all(r["figures"]["failed"] == 0 and r["figures"]["served"] for r in rows.values())
+    assert rows[("agentkv", 2.0)]["burst_size"] > rows[("agentkv", 1.0)]["burst_size"] > 0
+    assert {c["mode"] for c in data["checks"]} == {"aggregated", "agentkv", "upstream-best"}
+    assert (out / OVERLOAD_PLOT).is_file()
+    captured = capsys.readouterr()
+    assert "| 2x | agentkv |" in captured.out and "Bars (issue 48)" in captured.out
+    assert "capacity:" in captured.err and "x1, upstream-best 1:" in captured.err
+    again = tmp_path / "again"
+    assert bench("--from-json", str(out / JSON_NAME), "--out", str(again)) == 0
+    assert (again / MARKDOWN_NAME).read_text() == (out / MARKDOWN_NAME).read_text()
+
+
+def test_preset_overload_takes_a_capacity_given_instead_of_measuring_it(
+    small_overload: None, stubs: StubThread, router_port: int, tmp_path: Path
+) -> None:
+    code = bench(
+        "--preset", "overload", "--prefill-url", stubs.engine("prefill").url, "--decode-url",
+        stubs.engine("decode").url, "--router-port", str(router_port), "--secret", SECRET,
+        "--modes", "agentkv", "--loads", "1", "--capacity", "3000", "--objective", "4",
+        "--request-timeout", "40", "--no-progress", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0
+    config = json.loads((tmp_path / JSON_NAME).read_text())["config"]
+    assert config["capacity"] == {"tokens_per_s": 3000.0, "method": GIVEN, "prompt_tokens": [],
+                                  "seconds": []}  # fmt: skip
+    assert config["modes"] == ["agentkv"] and config["overload"]["objective_s"] == 4.0
+    assert config["overload"]["turn_timeout_s"] == 40.0 and config["client_timeout_s"] == 50.0
+    assert not [r for r in stubs.engine("prefill").completions() if "calibrate" in str(r.body)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--preset", "cpu", "--loads", "1"], "--loads is an overload option"),
+     (["--preset", "overload", "--sessions", "2"], "--sessions does not apply"),
+     (["--preset", "overload", "--base-url", "http://127.0.0.1:9"], "--base-url does not apply"),
+     (["--preset", "overload", "--tool-latency", "fixed:1"], "lognormal"),
+     (["--preset", "overload", "--loads", "-1"], "loads must be >= 0"),
+     (["--preset", "overload", "--capacity", "0"], "more than 0"),
+     (["--preset", "agents12", "--history-tokens", "1,2"], "one length"),
+     (["--preset", "agents12", "--decoders", "1"], "--decoders does not apply")],
+)  # fmt: skip
+def test_preset_overload_and_agents12_refuse_what_does_not_apply(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench(*argv) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_preset_agents12_runs_the_issues_sessions_on_the_engines_agentkv_serve_starts(
+    local_stub_stack: list[str], stubs: StubThread, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    agents = AgentSessions(sessions=3, history_tokens=200, turns=2, new_words=7,
+                           output_tokens=3, fast_gap_s=0.02, slow_gap_s=0.05,
+                           start_every_s=0.01)  # fmt: skip
+    monkeypatch.setitem(PRESETS, "agents12", agents_preset("small", agents))
+    out = tmp_path / "out"
+    assert bench("--preset", "agents12", "--out", str(out)) == 0
+    assert local_stub_stack == ["smollm2"] and ENGINE_OPTIONS["prefill_prefix_cache"] is True
+    data = json.loads((out / JSON_NAME).read_text())
+    assert is_agents(data) and data["config"]["modes"] == ["agentkv"]
+    everything = data["rows"][0]
+    assert (everything["kind"], everything["figures"]["turns"]) == (None, 6)
+    assert everything["figures"]["failed"] == 0 and everything["marked_down"] in (0, None)
+    users = [m["content"] for r in stubs.engine("decode").completions()
+             for m in r.body["messages"] if m["role"] == "user"]  # fmt: skip
+    assert users and all(len(text.split()) == 7 for text in users)  # fresh input in words
+    assert "| agentkv | idle |" in capsys.readouterr().out

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from agentkv_server.bench.modes import MODES, Deployment, ends_sessions, serve_mode
+from agentkv_server.bench.modes import MODES, Deployment, ends_sessions, mode_settings, serve_mode
 from agentkv_server.router import make_policy
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.turn import KVPath, TurnHints
@@ -53,6 +53,18 @@ async def test_serve_mode_runs_the_modes_policy(mode: str, ends: bool) -> None:
         health = (await http.get(f"{target.base_urls[0]}/health")).json()
     assert target.ends_sessions is ends
     assert health.get("policy") == mode
+
+
+@pytest.mark.parametrize("mode", ["upstream", "upstream-best", "agentkv", "recompute"])
+def test_only_the_modes_imitating_vllms_proxy_send_every_turn_at_once(mode: str) -> None:
+    """vLLM's proxy holds nothing back: the upstream modes' routers admit every turn."""
+    tuned = {"admission": {"max_wait_s": 30.0}}
+    deployment = Deployment(
+        "m", ("http://p",), ("http://d",), ("http://d",), 0, "s", "127.0.0.1", tuned
+    )
+    admission = mode_settings(mode, deployment).admission  # type: ignore[arg-type]
+    assert admission.enabled is not mode.startswith("upstream")
+    assert admission.max_wait_s == 30.0
 
 
 async def test_the_modes_routers_take_the_deployments_settings_but_not_over_benchs_own() -> None:

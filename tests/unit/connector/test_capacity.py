@@ -105,3 +105,41 @@ def test_the_connector_tells_vllm_of_pending_frees(monkeypatch):
     assert connector.has_pending_block_frees()
     connector.connector_scheduler = None  # the worker's half
     assert not connector.has_pending_block_frees()
+
+
+# -- a holding whose turn waits in the router's queue is kept longer ----------------------------
+
+
+def test_a_renewal_moves_a_retained_requests_deadline_later(monkeypatch):
+    monkeypatch.setattr("time.perf_counter", lambda: 100.0)
+    scheduler = retaining({"held": 110.0})
+    scheduler._reqs_need_send = {}
+    scheduler._settings = ConnectorSettings(max_retention_seconds=480.0)
+
+    scheduler._renew("held", 60.0)
+
+    assert scheduler._reqs_need_send == {"held": 160.0}  # the worker takes it next step
+    assert scheduler._deadlines["held"] == 160.0
+
+
+def test_a_renewal_never_shortens_nor_revives_nor_passes_the_maximum(monkeypatch):
+    monkeypatch.setattr("time.perf_counter", lambda: 100.0)
+    scheduler = retaining({"long": 300.0, "released": 100.0, "expired": 90.0, "capped": 110.0})
+    scheduler._retained.add("gone-from-deadlines")
+    scheduler._reqs_need_send = {}
+    scheduler._settings = ConnectorSettings(max_retention_seconds=120.0)
+
+    for req_id in ("long", "released", "expired", "unknown", "gone-from-deadlines"):
+        scheduler._renew(req_id, 60.0)
+    scheduler._renew("capped", 1000.0)
+
+    assert scheduler._reqs_need_send == {"capped": 220.0}
+    assert scheduler._deadlines["long"] == 300.0 and scheduler._deadlines["released"] == 100.0
+
+
+def test_a_renewal_request_is_read_from_its_params():
+    from agentkv_server.connector.params import renewals
+
+    assert renewals({"agentkv_renew": {"a": 30, "b": 1.5}}) == {"a": 30.0, "b": 1.5}
+    assert renewals({"agentkv_renew": {"a": -1, "b": "x", "c": True}}) == {}
+    assert renewals({"agentkv_renew": ["a"]}) == {} and renewals(None) == {}

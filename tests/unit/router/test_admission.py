@@ -182,6 +182,29 @@ async def test_a_refused_follow_up_keeps_its_holding_for_its_next_try(make_route
     assert router.prefill[0].pulled and router.prefill[0].pulled[-1][2] > 500
 
 
+async def test_a_pull_held_in_the_queue_keeps_its_holding_past_its_retention(make_router):
+    """The decode engine would free a holding when its retention runs out, whatever waits for
+    it: the router renews it while the turn that pulls it is held."""
+    router = await make_router(
+        faults=WATCHFUL,
+        admission={"prefill_queue_s": 0.0},
+        retention={"default_s": 2.0, "safety_margin_s": 0.2, "slack_s": 2.0},
+    )
+    await router.chat(history("s1", 1, 500), session="s1")  # held 2 s on D
+    busy_prefill(router, 1e-3)
+    blocker = asyncio.create_task(router.chat(history("other", 1, 3000), session="other"))
+    await asyncio.sleep(0.05)
+
+    follow_up = await router.chat(history("s1", 2, 500), session="s1")  # held ~3 s behind it
+    await blocker
+
+    assert follow_up.status_code == 200
+    assert follow_up.headers[protocol.HEADER_KV_PATH] == "reuse"
+    assert "queue;dur=" in follow_up.headers["server-timing"]
+    assert router.decode[0].renewed  # on the engine that holds it
+    assert router.prefill[0].pulled[-1][2] > 500
+
+
 async def test_the_openai_client_retries_a_refused_turn_after_retry_after(make_router):
     """What an agent on the openai client sees (2 retries by default, honouring Retry-After up
     to two minutes): its turn is served once the queue has room, over real HTTP."""

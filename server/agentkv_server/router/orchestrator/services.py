@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ from agentkv_server.router.metrics import RouterMetrics
 from agentkv_server.router.pairs import PairHealth
 from agentkv_server.router.placement import Engine, EnginePool
 from agentkv_server.router.policy import ReusePolicy
+from agentkv_server.router.queue import QueuedStep, StepQueue
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.tokens import PromptSizes
 from agentkv_server.router.turn import Turn
@@ -203,34 +204,61 @@ class Services:
         finally:
             engine.request_finished()
 
-    async def post_queued(
+    async def queued(
+        self, turn: Turn, engine: Engine, tokens: int, *, keeping: Holding | None = None
+    ) -> tuple[QueuedStep, Holding | None]:
+        """A step of ``turn`` expected to compute ``tokens``, once the engine's queue
+        (queue.StepQueue) sends it, within the turn's deadline (504 past it); then in flight
+        until :meth:`post_sent` ends it. While the step is held, the holding it is to pull
+        (``keeping``) is kept on its engine (HoldingKeeper.keep_while); returned as it then
+        stands."""
+        request, queue = turn.request, engine.queue
+        sending = queue.send(tokens, turn.priority, request.tenant, turn.remaining_s())
+        try:
+            if keeping is None:
+                step = await sending
+            else:
+                step, keeping = await self._kept_while_held(queue, sending, keeping)
+        except asyncio.TimeoutError:
+            raise self.turn_timed_out(turn, "queue") from None
+        if step.waited_s:
+            turn.phases["queue"] = step.waited_s
+        self.metrics.record_admission_wait(turn.priority.label, request.tenant, step.waited_s)
+        return step, keeping
+
+    async def _kept_while_held(
+        self, queue: StepQueue, sending: Awaitable[QueuedStep], holding: Holding
+    ) -> tuple[QueuedStep, Holding]:
+        sent = asyncio.ensure_future(sending)
+        try:
+            holding = await self.keeper.keep_while(holding, sent)
+            return await sent, holding
+        except BaseException:
+            if not sent.done():
+                sent.cancel()  # the turn leaves the queue
+            elif not sent.cancelled() and sent.exception() is None:
+                queue.ended(sent.result())  # sent as the turn gave up: not in flight after all
+            raise
+
+    async def post_sent(
         self,
         turn: Turn,
         engine: Engine,
+        step: QueuedStep,
         body: dict[str, Any],
-        tokens: int,
         *,
         stall_s: float | None = None,
     ) -> tuple[dict[str, Any], float]:
-        """:meth:`post` within the turn's deadline, once the engine's queue (queue.StepQueue)
-        sends it as a step expected to compute ``tokens``: its answer and its service seconds,
-        its waits in the router and behind the engine's other steps left out (priced apart:
-        docs/router.md, "P's queue")."""
-        request, queue = turn.request, engine.queue
+        """:meth:`post` of a step :meth:`queued` sent, within the turn's deadline: its answer
+        and its service seconds, its waits in the router and behind the engine's other steps
+        left out (priced apart: docs/router.md, "P's queue")."""
         try:
-            step = await queue.send(tokens, turn.priority, request.tenant, turn.remaining_s())
-        except asyncio.TimeoutError:
-            raise self.turn_timed_out(turn, "queue") from None
-        try:
-            if step.waited_s:
-                turn.phases["queue"] = step.waited_s
-            self.metrics.record_admission_wait(turn.priority.label, request.tenant, step.waited_s)
             answer = await self.post(
                 turn, engine, body, self.timeouts.within(turn), stall_s=stall_s
             )
-            return answer, queue.served(step, _computed_tokens(turn, answer))
+            return answer, engine.queue.served(step, _computed_tokens(turn, answer))
         finally:
-            queue.ended(step)
+            engine.queue.ended(step)
 
     async def open_stream(
         self,

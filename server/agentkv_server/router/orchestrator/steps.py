@@ -58,12 +58,13 @@ class PrefillAttempt(Attempt[Prefilled]):
     pair with it. Only a pull tests the pair here; else D's read will.
     """
 
-    __slots__ = ("_plan", "_pulling")
+    __slots__ = ("_holding", "_plan", "_pulling")
 
     def __init__(self, services: Services, turn: Turn, plan: Plan) -> None:
         super().__init__(services, turn)
         self._plan = plan
         self._pulling = plan.path is KVPath.PULL
+        self._holding = plan.holding
 
     @property
     def pulling(self) -> bool:
@@ -79,8 +80,13 @@ class PrefillAttempt(Attempt[Prefilled]):
     async def send(self, engine: Engine) -> Prefilled:
         services, turn, plan = self.services, self.turn, self._plan
         pulling = self._pulling
-        if pulling and plan.holding is not None:
-            params = wire.pull_prefill_params(plan.holding.params)
+        tokens = prefill_tokens(services, turn, plan, pulling)
+        keeping = self._holding if pulling else None
+        step, kept = await services.queued(turn, engine, tokens, keeping=keeping)
+        if kept is not None:
+            self._holding = kept  # renewed while the step was held
+        if pulling and self._holding is not None:
+            params = wire.pull_prefill_params(self._holding.params)
         else:
             params = wire.cold_prefill_params()
         body = turn.wire.prefill_body(turn.request.body, params)
@@ -88,9 +94,7 @@ class PrefillAttempt(Attempt[Prefilled]):
         # busy P it waits its turn behind other prompts (docs/router.md, "Failure handling").
         settings = services.settings
         stall_s = min(settings.timeouts.pull_s, settings.faults.stall_s) if pulling else None
-        answer, seconds = await services.post_queued(
-            turn, engine, body, prefill_tokens(services, turn, plan, pulling), stall_s=stall_s
-        )
+        answer, seconds = await services.post_sent(turn, engine, step, body, stall_s=stall_s)
         pulled_from = plan.holding if pulling else None
         pulled = account_prefill(
             turn, services.policy, answer, pulled_from, seconds, plan.holder_running > 0
