@@ -320,7 +320,9 @@ class AdmissionSettings(_Frozen):
     Each prefill engine is sent work while what it already has is predicted to take at most
     ``prefill_queue_s`` more; the rest waits in the router, where follow-ups of running sessions
     go before new sessions' first turns and tenants take turns. A turn predicted to wait longer
-    than ``max_wait_s`` is refused as it arrives: 503 with ``Retry-After``.
+    than ``max_wait_s`` is refused as it arrives: 503 with ``Retry-After``. Prefill engines
+    that ``agentkv serve`` starts compute at most ``prefill_step_tokens`` a step, so that what
+    the router sends ahead waits one step, not a whole long prompt.
     """
 
     enabled: bool = Field(
@@ -339,6 +341,25 @@ class AdmissionSettings(_Frozen):
         "before the router holds new steps back (its queue is first-come first-served; the "
         "router's is by priority)",
     )
+    prefill_step_tokens: int = Field(
+        512,
+        ge=0,
+        description="tokens of one prefill engine step (prefill engines' --max-num-batched-"
+        "tokens; a long prompt shares each step with the others, half of it at most): a "
+        "follow-up sent to a busy prefill engine waits for the step it is computing, no more; "
+        "0: the engine's default",
+    )
+
+    def prefill_engine_args(self) -> tuple[str, ...]:
+        """vLLM options that bound what a turn sent to a prefill engine waits for there."""
+        if self.prefill_step_tokens == 0:
+            return ()
+        return (
+            "--max-num-batched-tokens",
+            str(self.prefill_step_tokens),
+            "--long-prefill-token-threshold",
+            str(max(self.prefill_step_tokens // 2, 1)),
+        )
 
 
 class Settings(_Frozen):

@@ -41,7 +41,7 @@ from agentkv_server.bundle.model import (
 from agentkv_server.bundle.ports import ensure_ports_free, free_ports, port_pool
 from agentkv_server.bundle.process import ManagedProcess
 from agentkv_server.errors import ConfigError, PortInUseError
-from agentkv_server.settings import LocalPathSettings
+from agentkv_server.settings import AdmissionSettings, LocalPathSettings
 from agentkv_server.wire import (
     API_KEYS_ENV,
     CLIENT_BASE_URL_ENV,
@@ -107,6 +107,13 @@ class StackConfig:
         prefill slice of its settings (LocalPathSettings.slice_tokens)."""
         local = self.router_settings.get("local", {})
         return LocalPathSettings.model_validate(local).decode_engine_args()
+
+    @property
+    def prefill_step_args(self) -> tuple[str, ...]:
+        """The options prefill engines need for the router's queue to mean what it predicts:
+        its step size (AdmissionSettings.prefill_step_tokens)."""
+        admission = self.router_settings.get("admission", {})
+        return AdmissionSettings.model_validate(admission).prefill_engine_args()
 
     @property
     def available_cores(self) -> tuple[int, ...]:
@@ -272,7 +279,7 @@ class Stack:
                 kv_cache_gib=config.engine_kv_cache_gib,
                 host_tier_gib=config.host_tier_gib if role == "decode" else 0.0,
                 engine_args=(
-                    (*config.engine_args, *config.prefill_args)
+                    (*config.prefill_step_args, *config.engine_args, *config.prefill_args)
                     if role == "prefill"
                     else (*config.slice_args, *config.engine_args, *config.decode_args)
                 ),

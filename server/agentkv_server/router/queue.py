@@ -23,6 +23,7 @@ import contextlib
 import enum
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +39,10 @@ _MIN_COST_S = 1e-3
 _MIN_RECHECK_S = 0.05
 # After every held turn of the same priority and start tag (ties go first come, first served).
 _LAST = float("inf")
+# How far back the follow-ups' share of an engine is measured, and the most it is taken to be
+# (past it, a new turn's wait is predicted as 1 / (1 - 0.9) = 10 times the queue ahead of it).
+_SHARE_WINDOW_S = 60.0
+_MAX_SHARE = 0.9
 
 
 class Priority(enum.IntEnum):
@@ -107,6 +112,9 @@ class StepQueue:
         self._virtual: dict[Priority, float] = {}  # each priority's virtual time
         self._finish: dict[tuple[Priority, str | None], float] = {}  # a tenant's last finish tag
         self._recheck: asyncio.TimerHandle | None = None
+        # Follow-ups sent lately, with their predicted service: the share of the engine they
+        # take, which every later follow-up takes ahead of a held new turn.
+        self._follow_ups: deque[tuple[float, float]] = deque()
 
     # -- in flight ---------------------------------------------------------------------------
 
@@ -165,7 +173,7 @@ class StepQueue:
         ``asyncio.TimeoutError`` when not sent within ``timeout_s``; cancelled or timed out, the
         turn leaves the queue."""
         if self._hold_beyond_s is None or (not self._held and self._has_room()):
-            return self._send(tokens)
+            return self._send(tokens, priority)
         held = self._hold(tokens, priority, tenant)
         try:
             return await asyncio.wait_for(held.sent, timeout_s)
@@ -183,10 +191,24 @@ class StepQueue:
 
     def wait_s(self, tokens: int, priority: Priority, tenant: str | None) -> float:
         """Predicted seconds before the engine starts a step of ``tokens`` sent now as a turn
-        of ``priority`` and ``tenant``: the work in flight, and the held turns that go first."""
+        of ``priority`` and ``tenant``: the work in flight and the held turns that go first;
+        for a new session's turn, stretched by the follow-ups that will arrive meanwhile and go
+        first too (the engine's share they took lately, ``rho``: wait / (1 - rho))."""
         start = self._start_tag(priority, tenant)
         ahead = sum(held.cost_s for held in self._held if held.key() < (priority, start, _LAST))
-        return self._pending_s() + ahead
+        wait = self._pending_s() + ahead
+        if priority is Priority.FOLLOW_UP:
+            return wait
+        return wait / (1.0 - self.follow_up_share())
+
+    def follow_up_share(self) -> float:
+        """The share of the engine's time follow-ups took over the last ``_SHARE_WINDOW_S``
+        (their predicted service), at most ``_MAX_SHARE``."""
+        horizon = time.monotonic() - _SHARE_WINDOW_S
+        recent = self._follow_ups
+        while recent and recent[0][0] < horizon:
+            recent.popleft()
+        return min(sum(cost for _, cost in recent) / _SHARE_WINDOW_S, _MAX_SHARE)
 
     def held_s(self, up_to: Priority = Priority.NEW) -> float:
         """The predicted service of the turns held back for the engine, of ``up_to`` or a
@@ -230,7 +252,7 @@ class StepQueue:
             held = min(self._held, key=_Held.key)
             self._held.remove(held)
             self._virtual[held.priority] = held.start
-            step = self._send(held.tokens)
+            step = self._send(held.tokens, held.priority)
             step.waited_s = step.sent_at - held.arrived
             if not held.sent.done():
                 held.sent.set_result(step)
@@ -260,10 +282,12 @@ class StepQueue:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _send(self, tokens: int) -> QueuedStep:
+    def _send(self, tokens: int, priority: Priority = Priority.NEW) -> QueuedStep:
         step = QueuedStep(time.monotonic(), tokens)
         self._in_flight[step] = None
         self._tokens_in_flight += tokens
+        if priority is Priority.FOLLOW_UP:
+            self._follow_ups.append((step.sent_at, self._predicted_s(tokens)))
         return step
 
     def _predicted_s(self, tokens: int) -> float:

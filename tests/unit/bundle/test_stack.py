@@ -125,7 +125,12 @@ def test_plan_for_a_router_started_elsewhere_as_bench_runs_it(tmp_path: Path) ->
         report_port=9123,
     )
     prefill, decode = Stack(config).plan()
-    assert prefill.engine_args == ("--max-model-len", "4096", "--no-enable-prefix-caching")
+    assert prefill.engine_args == (
+        *config.prefill_step_args,
+        "--max-model-len",
+        "4096",
+        "--no-enable-prefix-caching",
+    )
     assert decode.engine_args == (*config.slice_args, "--max-model-len", "4096")
     assert decode.env["AGENTKV_ROUTER_URL"] == "http://127.0.0.1:9123"
     assert decode.command()[-2:] == ["--max-model-len", "4096"]
@@ -136,18 +141,39 @@ def test_decode_engines_slice_prefills_as_the_router_prices_them(
     tmp_path: Path, slice_tokens: int
 ) -> None:
     """The router prices a local turn on a busy holder per slice (local.slice_tokens): its
-    decode engines cut prefills beside running sequences at that size, its prefill engines
-    never; the user's own engine arguments come after, so that they can override."""
+    decode engines cut prefills beside running sequences at that size; the user's own engine
+    arguments come after, so that they can override."""
     config = StackConfig(
         model=str(tmp_path),
         log_dir=tmp_path,
         engine_args=("--max-model-len", "4096"),
         router_settings={"local": {"slice_tokens": slice_tokens}},
     )
-    prefill, decode = Stack(config).plan()
+    _, decode = Stack(config).plan()
     sliced = ("--long-prefill-token-threshold", "48") if slice_tokens else ()
     assert decode.engine_args == (*sliced, "--max-model-len", "4096")
-    assert "--long-prefill-token-threshold" not in prefill.engine_args
+
+
+@pytest.mark.parametrize("step_tokens", [0, 512])
+def test_prefill_engines_take_steps_no_longer_than_the_router_holds_turns_behind(
+    tmp_path: Path, step_tokens: int
+) -> None:
+    """A follow-up the router sends ahead of queued first turns waits for the step its prefill
+    engine computes (admission.prefill_step_tokens), not for a whole long prompt."""
+    config = StackConfig(
+        model=str(tmp_path),
+        log_dir=tmp_path,
+        engine_args=("--max-model-len", "4096"),
+        router_settings={"admission": {"prefill_step_tokens": step_tokens}},
+    )
+    prefill, decode = Stack(config).plan()
+    stepped = (
+        ("--max-num-batched-tokens", "512", "--long-prefill-token-threshold", "256")
+        if step_tokens
+        else ()
+    )
+    assert prefill.engine_args == (*stepped, "--max-model-len", "4096")
+    assert "--max-num-batched-tokens" not in decode.engine_args
 
 
 def test_a_long_context_test_model_gets_kv_cache_for_a_full_length_sequence(

@@ -90,8 +90,8 @@ async def test_a_turn_out_of_time_gets_504_and_is_not_repeated_elsewhere(make_ro
 
 async def test_follow_ups_go_before_new_sessions_first_turns(make_router):
     router = await make_router(faults=WATCHFUL, admission={"prefill_queue_s": 0.0})
-    await router.chat(history("running", 1, 50), session="running")
     busy_prefill(router, 1e-3)
+    await router.chat(history("running", 1, 50), session="running")  # P's rate learned
 
     new = [
         asyncio.create_task(router.chat(history(f"new{i}", 1, 300), session=f"new{i}"))

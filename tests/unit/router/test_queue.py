@@ -93,6 +93,20 @@ async def test_a_turns_predicted_wait_counts_what_goes_before_it() -> None:
         queue.ended(await task)
 
 
+async def test_a_new_turns_wait_counts_the_follow_ups_that_will_go_before_it() -> None:
+    """Follow-ups keep arriving and keep going first: a new session's turn waits for the work
+    ahead of it stretched by their share of the engine, wait / (1 - share)."""
+    queue = holding_back()
+    for _ in range(3):  # 30 s of follow-ups in the last minute: half the engine
+        queue.ended(await queue.send(10_000, FOLLOW_UP, "a"))
+    first = await queue.send(2000, NEW, None)  # 2 s ahead of anything sent now
+
+    assert queue.follow_up_share() == pytest.approx(0.5, abs=0.01)
+    assert queue.wait_s(500, FOLLOW_UP, "a") == pytest.approx(2.0, abs=0.05)
+    assert queue.wait_s(500, NEW, "b") == pytest.approx(4.0, abs=0.1)
+    queue.ended(first)
+
+
 async def test_an_engine_is_sent_work_while_its_work_ends_within_the_bound() -> None:
     queue = holding_back(beyond_s=1.5)
     steps = [await queue.send(1000, NEW, None) for _ in range(2)]  # 1 s, then 2 s of work

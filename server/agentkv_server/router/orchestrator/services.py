@@ -9,11 +9,10 @@ as failures.py says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -191,16 +190,18 @@ class Services:
         ends it once ``engine`` makes no progress for ``stall_s``: Watchdog.run). A step that
         runs out of its ``timeout`` fails as ``deadline``: its engine was busy, not dead."""
         engine.request_started()  # as engine.busy(), without a generator per step
+        ends = _ends(timeout)
         try:
-            with _deadline(engine, timeout):
-                return await self.watchdog.run(
-                    engine,
-                    post_json(
-                        self.http, engine, turn.wire.path, body, turn.request.headers, timeout
-                    ),
-                    stall_s=stall_s,
-                    probe_first=probe_first,
-                )
+            return await self.watchdog.run(
+                engine,
+                post_json(self.http, engine, turn.wire.path, body, turn.request.headers, timeout),
+                stall_s=stall_s,
+                probe_first=probe_first,
+            )
+        except EngineFailure as failure:
+            if _ran_out(failure, ends):
+                raise _deadline(failure) from failure
+            raise
         finally:
             engine.request_finished()
 
@@ -275,29 +276,31 @@ class Services:
         engine.request_started()
         faults = self.settings.faults
         first_chunk_s = turn.remaining_s() if first_chunk_s is None else first_chunk_s
+        ends = _ends(Timeout(total=first_chunk_s))
         try:
-            with _deadline(engine, Timeout(total=first_chunk_s)):
-                return await self.watchdog.run(
+            return await self.watchdog.run(
+                engine,
+                open_stream(
+                    self.http,
                     engine,
-                    open_stream(
-                        self.http,
-                        engine,
-                        turn.wire.path,
-                        body,
-                        turn.request.headers,
-                        timeout=self.timeouts.decode,
-                        first_chunk_s=first_chunk_s,
-                        idle_s=faults.stall_s,
-                        silence=Silence(
-                            functools.partial(self.watchdog.unresponsive, engine),
-                            after_s=faults.progress_every_s,
-                            probes=faults.unanswered_probes,
-                        ),
+                    turn.wire.path,
+                    body,
+                    turn.request.headers,
+                    timeout=self.timeouts.decode,
+                    first_chunk_s=first_chunk_s,
+                    idle_s=faults.stall_s,
+                    silence=Silence(
+                        functools.partial(self.watchdog.unresponsive, engine),
+                        after_s=faults.progress_every_s,
+                        probes=faults.unanswered_probes,
                     ),
-                    probe_first=probe_first,
-                )
-        except BaseException:
+                ),
+                probe_first=probe_first,
+            )
+        except BaseException as exc:
             engine.request_finished()
+            if isinstance(exc, EngineFailure) and _ran_out(exc, ends):
+                raise _deadline(exc) from exc
             raise
 
     def turn_timed_out(self, turn: Turn, phase: str) -> TurnTimedOut:
@@ -337,19 +340,23 @@ class Services:
             self.pairs.record_params(source, engine.url, params)
 
 
-@contextlib.contextmanager
-def _deadline(engine: Engine, timeout: Timeout) -> Iterator[None]:
-    """A step that fails as ``timeout`` once its whole ``timeout.total`` has run out ran out of
-    time: ``deadline``, whose failure is not the engine's (a connect not answered within its
-    own, shorter bound still is)."""
-    loop = asyncio.get_running_loop()
-    ends = loop.time() + (timeout.total if timeout.total is not None else math.inf)
-    try:
-        yield
-    except EngineFailure as failure:
-        if failure.kind != "timeout" or loop.time() < ends - _DEADLINE_SLACK_S:
-            raise
-        raise EngineFailure(engine, "deadline", str(failure)) from None
+def _ends(timeout: Timeout) -> float:
+    """The loop time by which ``timeout.total`` runs out."""
+    total = timeout.total if timeout.total is not None else math.inf
+    return asyncio.get_running_loop().time() + total
+
+
+def _ran_out(failure: EngineFailure, ends: float) -> bool:
+    """Whether a step failed as ``timeout`` once its whole bound (ending at loop time ``ends``)
+    had run out: it ran out of time, which is not the engine's failure (a connect not answered
+    within its own, shorter bound still is)."""
+    return (
+        failure.kind == "timeout" and asyncio.get_running_loop().time() >= ends - _DEADLINE_SLACK_S
+    )
+
+
+def _deadline(failure: EngineFailure) -> EngineFailure:
+    return EngineFailure(failure.engine, "deadline", str(failure))
 
 
 def _computed_tokens(turn: Turn, answer: dict[str, Any]) -> int | None:
