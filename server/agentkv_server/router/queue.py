@@ -10,7 +10,10 @@ long the engine takes to serve a step against them.
 vLLM serves its queue first come, first served, so a follow-up whose history is held (cheap, its
 agent waiting) sent behind a burst of new sessions' cold turns waits for all of them. The router
 sends an engine new work only while what it has is predicted to end within ``hold_beyond_s``, and
-holds the rest (:meth:`StepQueue.send`): held turns go by :class:`Priority` (follow-ups first),
+holds the rest (:meth:`StepQueue.send`). A follow-up counts only the follow-ups in flight: the
+new sessions' prompts sent before it are computed a slice at a time beside it (the prefill
+engines' step size, AdmissionSettings.prefill_step_tokens). Held turns go by :class:`Priority`
+(follow-ups first),
 and within a priority by start-time fair queuing between tenants, each turn weighted by its
 predicted service, so that one tenant's burst does not stall another's sessions
 (docs/router.md, "Admission").
@@ -61,11 +64,12 @@ class Priority(enum.IntEnum):
 
 @dataclass(eq=False, slots=True)
 class QueuedStep:
-    """A step on an engine: when it was sent, the tokens it was expected to compute, and how
-    long the router held it back before that."""
+    """A step on an engine: when it was sent, the tokens it was expected to compute, its
+    priority, and how long the router held it back before that."""
 
     sent_at: float
     tokens: int
+    priority: Priority = Priority.NEW
     waited_s: float = 0.0
 
 
@@ -159,6 +163,12 @@ class StepQueue:
             return 0.0
         return self._pending_s()
 
+    def follow_up_backlog_s(self) -> float:
+        """What a follow-up sent now waits for, as :meth:`backlog_s` prices it: the follow-ups
+        in flight and held (new sessions' prompts in flight are computed beside it)."""
+        in_flight = 0.0 if self._fit is None else self._pending_s(Priority.FOLLOW_UP)
+        return in_flight + self.held_s(Priority.FOLLOW_UP)
+
     @property
     def tokens_in_flight(self) -> int:
         return self._tokens_in_flight
@@ -172,7 +182,7 @@ class StepQueue:
         once the engine has room and no turn before it in the router's order is held.
         ``asyncio.TimeoutError`` when not sent within ``timeout_s``; cancelled or timed out, the
         turn leaves the queue."""
-        if self._hold_beyond_s is None or (not self._held and self._has_room()):
+        if self._hold_beyond_s is None or (not self._held and self._has_room(priority)):
             return self._send(tokens, priority)
         held = self._hold(tokens, priority, tenant)
         try:
@@ -196,7 +206,7 @@ class StepQueue:
         first too (the engine's share they took lately, ``rho``: wait / (1 - rho))."""
         start = self._start_tag(priority, tenant)
         ahead = sum(held.cost_s for held in self._held if held.key() < (priority, start, _LAST))
-        wait = self._pending_s() + ahead
+        wait = self._pending_s(priority) + ahead
         if priority is Priority.FOLLOW_UP:
             return wait
         return wait / (1.0 - self.follow_up_share())
@@ -248,8 +258,10 @@ class StepQueue:
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None
-        while self._held and self._has_room():
+        while self._held:
             held = min(self._held, key=_Held.key)
+            if not self._has_room(held.priority):
+                break
             self._held.remove(held)
             self._virtual[held.priority] = held.start
             step = self._send(held.tokens, held.priority)
@@ -262,28 +274,34 @@ class StepQueue:
             self._finish.clear()  # no turn to be fair to: every tenant starts afresh
             self._virtual.clear()
             return
-        delay = self._room_in_s()
+        delay = self._room_in_s(min(self._held, key=_Held.key).priority)
         if delay is not None:
             loop = asyncio.get_running_loop()
             self._recheck = loop.call_later(max(delay, _MIN_RECHECK_S), self._dispatch)
 
-    def _has_room(self) -> bool:
+    def _has_room(self, priority: Priority) -> bool:
+        """Whether a step of ``priority`` may be sent now: the work in flight that it would
+        wait for (a follow-up: other follow-ups only) ends within ``hold_beyond_s``. A
+        follow-up does not wait for the new sessions' prompts in flight: the engine computes
+        those a slice at a time beside it (AdmissionSettings.prefill_step_tokens)."""
         assert self._hold_beyond_s is not None
-        return not self._in_flight or self._pending_s() <= self._hold_beyond_s
+        return self._pending_s(priority) <= self._hold_beyond_s
 
-    def _room_in_s(self) -> float | None:
-        """Seconds until the work in flight is predicted to leave room; None when only a step's
-        end can (the oldest is past its predicted service)."""
-        if not self._in_flight or self._hold_beyond_s is None:
+    def _room_in_s(self, priority: Priority) -> float | None:
+        """Seconds until the work in flight is predicted to leave room for a step of
+        ``priority``; None when only a step's end can (the oldest is past its predicted
+        service)."""
+        assert self._hold_beyond_s is not None
+        total, oldest, served = self._work(priority)
+        if not total:
             return None
-        total, oldest, served = self._work()
         excess = total - served - self._hold_beyond_s
         return excess if excess <= oldest - served else None
 
     # -- shared ------------------------------------------------------------------------------
 
     def _send(self, tokens: int, priority: Priority = Priority.NEW) -> QueuedStep:
-        step = QueuedStep(time.monotonic(), tokens)
+        step = QueuedStep(time.monotonic(), tokens, priority)
         self._in_flight[step] = None
         self._tokens_in_flight += tokens
         if priority is Priority.FOLLOW_UP:
@@ -300,19 +318,26 @@ class StepQueue:
             return self._fit.line()
         return 0.0, self._prior() if self._prior is not None else 0.0
 
-    def _pending_s(self) -> float:
-        """The service the steps in flight still need, at the prior rate until one was served."""
-        total, _, served = self._work()
+    def _pending_s(self, up_to: Priority = Priority.NEW) -> float:
+        """The service the steps in flight of ``up_to`` or a higher priority still need, at the
+        prior rate until one was served."""
+        total, _, served = self._work(up_to)
         return total - served
 
-    def _work(self) -> tuple[float, float, float]:
-        """The predicted service of the steps in flight together and of the oldest, and what
-        the oldest has had of its own since it was sent or the last step ended."""
-        if not self._in_flight:
+    def _work(self, up_to: Priority = Priority.NEW) -> tuple[float, float, float]:
+        """The predicted service of the steps in flight (of ``up_to`` or a higher priority)
+        together and of the oldest of them, and what that one has had of its own since it
+        was sent or the last step ended."""
+        steps = self._in_flight if up_to is Priority.NEW else self._of(up_to)
+        if not steps:
             return 0.0, 0.0, 0.0
         intercept, slope = self._line()
-        total = intercept * len(self._in_flight) + slope * self._tokens_in_flight
-        first = next(iter(self._in_flight))
+        tokens = self._tokens_in_flight if up_to is Priority.NEW else sum(s.tokens for s in steps)
+        total = intercept * len(steps) + slope * tokens
+        first = next(iter(steps))
         oldest = intercept + slope * first.tokens
         began = first.sent_at if self._last_end is None else max(first.sent_at, self._last_end)
         return total, oldest, min(max(time.monotonic() - began, 0.0), oldest)
+
+    def _of(self, up_to: Priority) -> list[QueuedStep]:
+        return [step for step in self._in_flight if step.priority <= up_to]

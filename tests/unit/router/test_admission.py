@@ -15,7 +15,7 @@ import openai
 import agentkv
 from agentkv import protocol
 from agentkv_server.router.auth import tenant_id
-from agentkv_server.testing import InProcessRouter, StubEngine, conversation
+from agentkv_server.testing import InProcessRouter, StubEngine, conversation, tool_result
 from agentkv_server.testing.harness import serve_on_loopback
 
 # The stub prefills one prompt at a time, 2 ms a token: a 500-word history takes about a second.
@@ -168,18 +168,42 @@ async def test_turns_predicted_to_wait_too_long_are_refused_at_once(make_router)
 async def test_a_refused_follow_up_keeps_its_holding_for_its_next_try(make_router):
     router = await make_router(faults=WATCHFUL, admission={"max_wait_s": 0.1})
     busy_prefill(router, 1e-3)
-    await router.chat(history("s1", 1, 500), session="s1")  # P's rate learned, s1 held
-    blocker = asyncio.create_task(router.chat(history("other", 1, 600), session="other"))
+    for session in ("s1", "s2"):  # P's rate learned, both held
+        await router.chat(history(session, 1, 500), session=session)
+    long_tool_result = tool_result(history("s2", 1, 500), 600)  # 0.6 s of new tokens on P
+    other = asyncio.create_task(router.chat(long_tool_result, session="s2"))
     await asyncio.sleep(0.05)
 
-    refused = await router.chat(history("s1", 2, 500), session="s1")
-    await blocker
+    refused = await router.chat(history("s1", 2, 500), session="s1")  # behind s2's follow-up
+    await other
     retried = await router.chat(history("s1", 2, 500), session="s1")
 
     assert refused.status_code == 503
     assert retried.status_code == 200
     assert retried.headers[protocol.HEADER_KV_PATH] == "reuse"
     assert router.prefill[0].pulled and router.prefill[0].pulled[-1][2] > 500
+
+
+async def test_a_follow_up_is_not_held_behind_new_sessions_prompts_in_flight(make_router):
+    """Prefill engines compute a long prompt a slice at a time beside the others
+    (admission.prefill_step_tokens): a follow-up sent at once waits one step, not the prompt."""
+    router = await make_router(faults=WATCHFUL, admission={"prefill_queue_s": 0.0})
+    busy_prefill(router, 1e-3)
+    await router.chat(history("s1", 1, 300), session="s1")
+    new = asyncio.create_task(router.chat(history("new", 1, 1000), session="new"))
+    await asyncio.sleep(0.05)
+
+    follow_up = await router.chat(history("s1", 2, 300), session="s1")
+    await new
+
+    assert follow_up.status_code == 200
+    assert "queue;dur=" not in follow_up.headers["server-timing"]  # sent at once
+    assert (
+        await router.metric(
+            'agentkv_admission_queued_total{priority="follow_up",tenant="anonymous"}'
+        )
+        == 0
+    )
 
 
 async def test_a_pull_held_in_the_queue_keeps_its_holding_past_its_retention(make_router):
@@ -190,13 +214,15 @@ async def test_a_pull_held_in_the_queue_keeps_its_holding_past_its_retention(mak
         admission={"prefill_queue_s": 0.0},
         retention={"default_s": 2.0, "safety_margin_s": 0.2, "slack_s": 2.0},
     )
-    await router.chat(history("s1", 1, 500), session="s1")  # held 2 s on D
     busy_prefill(router, 1e-3)
-    blocker = asyncio.create_task(router.chat(history("other", 1, 3000), session="other"))
+    for session in ("s1", "s2"):  # held 2 s on D
+        await router.chat(history(session, 1, 500), session=session)
+    long_tool_result = tool_result(history("s2", 1, 500), 3000)  # ~3 s of new tokens on P
+    other = asyncio.create_task(router.chat(long_tool_result, session="s2"))
     await asyncio.sleep(0.05)
 
     follow_up = await router.chat(history("s1", 2, 500), session="s1")  # held ~3 s behind it
-    await blocker
+    await other
 
     assert follow_up.status_code == 200
     assert follow_up.headers[protocol.HEADER_KV_PATH] == "reuse"
@@ -240,23 +266,23 @@ async def test_the_sdk_retries_a_refused_turn_as_the_same_turn(make_router):
     await router.chat(history("warm", 1, 600))
     async with serve_on_loopback(router.app) as url:
         client = agentkv.AsyncOpenAI(base_url=f"{url}/v1", api_key="-")
+        burst = [  # 0.6 s each: a new session's first turn would wait 1.15 s
+            asyncio.create_task(router.chat(history(f"new{i}", 1, 600), session=f"n{i}"))
+            for i in range(2)
+        ]
+        await asyncio.sleep(0.05)
         with agentkv.session("sdk") as session:
-            first = await client.chat.completions.create(
+            first = await client.chat.completions.with_raw_response.create(
                 model=router.cluster.model, messages=history("sdk", 1, 300), max_tokens=4
             )
-            burst = [
-                asyncio.create_task(router.chat(history(f"new{i}", 1, 600), session=f"n{i}"))
-                for i in range(2)
-            ]
-            await asyncio.sleep(0.05)
-            second = await client.chat.completions.with_raw_response.create(
+            second = await client.chat.completions.create(
                 model=router.cluster.model, messages=history("sdk", 2, 300), max_tokens=4
             )
-            await asyncio.gather(*burst)
+        await asyncio.gather(*burst)
         await client.close()
 
-    assert first.choices[0].message.content
-    assert second.retries_taken == 1  # even a follow-up waits for the steps P has already
+    assert first.retries_taken == 1
+    assert second.choices[0].message.content
     assert session.turn == 2
     assert [turn.kv_path for turn in session.turns] == ["recompute", "reuse"]
 

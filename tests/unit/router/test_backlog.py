@@ -98,17 +98,20 @@ def test_a_queue_on_the_prefill_engines_sends_a_busy_holders_turn_local() -> Non
     assert policy.decide(leaving, NOW, crowded).reason == "expiring"  # 15 s would not
 
 
-async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_router) -> None:
-    """Through the router: another session's long first turn, in flight on P, is P's queue.
+async def test_a_long_follow_up_on_p_sends_a_busy_holders_follow_up_local(make_router) -> None:
+    """Through the router: another session's follow-up with a long new part, in flight on P,
+    is what a follow-up sent to P would wait for (a new session's prompt in flight is not: P
+    computes it a slice at a time beside the follow-up).
 
     A follow-up over the stall budget (its ~200 new tokens in one step stall the holder's ten
-    running sequences ~20 ms each) pulls while P is idle, and goes local while P computes a
-    10,000-token first turn (~1 s at the stubs' 0.1 ms a token) that the session's own first
-    turn, 500 tokens, taught P's queue to price.
+    running sequences ~20 ms each) pulls while P is idle, and goes local while P computes the
+    other session's 10,000 new tokens (~1 s at the stubs' 0.1 ms a token), which the
+    session's own first turn, 500 tokens, taught P's queue to price.
     """
     router = await make_router(local={"enabled": True, "max_stall_s": 0.005, "slice_tokens": 0})
     first = conversation(1, 500)
     await router.chat(first, session="s1")
+    await router.chat(first, session="s2")
     holder = router.state.decode.get(router.decode[0].url)
     prefill = router.state.prefill.get(router.prefill[0].url)
     assert holder is not None and prefill is not None
@@ -116,13 +119,13 @@ async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_
     holder.inflight += 10  # ten sequences of other sessions decoding on the holder
     try:
         idle_p = await router.chat(tool_result(first, 200), session="s1")
-        long_first_turn = asyncio.create_task(router.chat(conversation(1, 10_000), session="s2"))
+        long_follow_up = asyncio.create_task(router.chat(tool_result(first, 10_000), session="s2"))
         while not prefill.inflight:
             await asyncio.sleep(0.005)
         queue_s = await router.metric("agentkv_prefill_queue_seconds")
         second = tool_result(first, 200)
         queued_p = await router.chat(tool_result(second, 200), session="s1")
-        await long_first_turn
+        await long_follow_up
     finally:
         holder.inflight -= 10
 
@@ -134,7 +137,7 @@ async def test_a_cold_first_turn_on_p_sends_a_busy_holders_follow_up_local(make_
         "local",
         "local_over_budget",
     )
-    assert 0.5 < queue_s < 2.0  # as scraped: the 10,000-token turn's ~1 s, and visible
+    assert 0.5 < queue_s < 2.0  # as scraped: the 10,000 new tokens' ~1 s, and visible
     assert await router.metric("agentkv_prefill_queue_seconds") == 0.0  # once it is served
 
 

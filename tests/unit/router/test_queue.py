@@ -33,8 +33,8 @@ async def sent_order(
         queue.ended(step)
 
     tasks = [asyncio.create_task(turn(*spec)) for spec in turns]
-    await asyncio.sleep(0)  # every turn held
-    assert queue.held_count(NEW) + queue.held_count(FOLLOW_UP) == len(turns)
+    await asyncio.sleep(0)  # every new session's turn held; follow-ups go beside the first
+    assert queue.held_count(NEW) == sum(priority is NEW for _, _, priority, _ in turns)
     queue.ended(first)
     await asyncio.gather(*tasks)
     return order
@@ -87,7 +87,7 @@ async def test_a_turns_predicted_wait_counts_what_goes_before_it() -> None:
 
     assert queue.wait_s(500, NEW, "a") == pytest.approx(5.0, abs=0.05)  # behind all of a's
     assert queue.wait_s(500, NEW, "b") == pytest.approx(3.0, abs=0.05)  # after a's first
-    assert queue.wait_s(500, FOLLOW_UP, "a") == pytest.approx(2.0, abs=0.05)  # before them
+    assert queue.wait_s(500, FOLLOW_UP, "a") == 0.0  # before them, beside the first
     queue.ended(first)
     for task in held:
         queue.ended(await task)
@@ -102,7 +102,7 @@ async def test_a_new_turns_wait_counts_the_follow_ups_that_will_go_before_it() -
     first = await queue.send(2000, NEW, None)  # 2 s ahead of anything sent now
 
     assert queue.follow_up_share() == pytest.approx(0.5, abs=0.01)
-    assert queue.wait_s(500, FOLLOW_UP, "a") == pytest.approx(2.0, abs=0.05)
+    assert queue.wait_s(500, FOLLOW_UP, "a") == 0.0
     assert queue.wait_s(500, NEW, "b") == pytest.approx(4.0, abs=0.1)
     queue.ended(first)
 
@@ -134,15 +134,32 @@ async def test_a_turn_that_gives_up_leaves_the_queue() -> None:
     first = await queue.send(1000, NEW, None)
     with pytest.raises(asyncio.TimeoutError):
         await queue.send(1000, NEW, None, timeout_s=0.05)
-    cancelled = asyncio.create_task(queue.send(1000, FOLLOW_UP, None))
+    cancelled = asyncio.create_task(queue.send(1000, NEW, "b"))
     await asyncio.sleep(0)
     cancelled.cancel()
     await asyncio.gather(cancelled, return_exceptions=True)
 
-    assert queue.held_count(NEW) == queue.held_count(FOLLOW_UP) == 0
+    assert queue.held_count(NEW) == 0
     queue.ended(first)
     assert queue.tokens_in_flight == 0  # nothing was sent for the turns that left
     assert (await queue.send(10, NEW, None)).waited_s == 0.0
+
+
+async def test_a_follow_up_waits_for_follow_ups_not_for_new_sessions_prompts() -> None:
+    """The engine computes a long prompt a slice at a time beside the others: a follow-up goes
+    out at once beside new sessions' prompts, but waits behind other follow-ups."""
+    queue = holding_back()
+    cold = await queue.send(3000, NEW, None)
+    beside = await asyncio.wait_for(queue.send(200, FOLLOW_UP, "a"), 0.1)
+    behind = asyncio.create_task(queue.send(200, FOLLOW_UP, "b"))
+    await asyncio.sleep(0.01)
+
+    assert beside.waited_s == 0.0 and not behind.done()
+    # The held follow-up only: in flight counts from the first served step (backlog_s's rule).
+    assert queue.follow_up_backlog_s() == pytest.approx(0.2)
+    queue.ended(beside)
+    queue.ended(await asyncio.wait_for(behind, 1))
+    queue.ended(cold)
 
 
 async def test_a_queue_that_holds_nothing_back_sends_at_once() -> None:

@@ -21,7 +21,6 @@ from agentkv_server.router.intake import ClientRequest
 from agentkv_server.router.orchestrator.services import Services
 from agentkv_server.router.placement import Engine
 from agentkv_server.router.policy import TurnLoad
-from agentkv_server.router.queue import Priority
 from agentkv_server.router.sessions import Holding
 from agentkv_server.router.tokens import count_prompt_tokens
 from agentkv_server.router.turn import KVPath
@@ -183,13 +182,9 @@ class Planner:
         """What the local path's choice needs beyond the holding (policy.TurnLoad)."""
         services = self._services
         new_tokens = max(prompt_tokens - holding.num_tokens, 0)
-        # A session's turn with a holding is a follow-up: of the turns held back for P, only
-        # other follow-ups go before it (admission.py).
-        waits = [
-            e.queue.backlog_s() + e.queue.held_s(Priority.FOLLOW_UP)
-            for e in services.prefill.engines
-            if e.healthy
-        ]
+        # A session's turn with a holding is a follow-up: only other follow-ups go before it
+        # on P (queue.py).
+        waits = [e.queue.follow_up_backlog_s() for e in services.prefill.engines if e.healthy]
         context = prompt_tokens + holder.steps.prefilling_tokens
         added_s = services.decode.measured(holder, lambda steps: steps.added_s(context))
         read_delay_s = services.decode.measured(
