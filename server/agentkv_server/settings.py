@@ -380,6 +380,14 @@ class Settings(_Frozen):
         (), description="clients' keys (Authorization: Bearer); none: no authentication"
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_json_depth: int = Field(
+        128,
+        ge=2,
+        # orjson writes at most 254 levels, and the router adds a few to what it forwards
+        # (kv_transfer_params): every body it accepts it can write again, on the fast path.
+        le=200,
+        description="nesting of a request body's JSON (objects and arrays): 400 beyond",
+    )
     max_header_count: int = Field(100, gt=0, description="request headers per request")
     max_header_bytes: int = Field(
         16 * 1024, gt=0, description="request line target plus all header names and values"

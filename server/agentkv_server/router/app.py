@@ -216,7 +216,14 @@ async def _serve_turn(request: Request, endpoint: Endpoint) -> Response:
     """Read one turn of ``endpoint`` from ``request`` and run it through P and D."""
     started = time.monotonic()
     state = _state(request)
-    turn = await read_request(request, endpoint, state.settings.max_body_bytes, _tenant(request))
+    settings = state.settings
+    turn = await read_request(
+        request,
+        endpoint,
+        settings.max_body_bytes,
+        _tenant(request),
+        max_json_depth=settings.max_json_depth,
+    )
     return await state.orchestrator.serve(turn, started)
 
 
@@ -235,7 +242,7 @@ async def _responses(request: Request) -> Response:
 async def _report_holding(request: Request) -> Response:
     # The guard has checked the shared secret.
     state = _state(request)
-    report = await read_json(request, state.settings.max_body_bytes)
+    report = await read_json(request, state.settings.max_body_bytes, state.settings.max_json_depth)
     if not (
         isinstance(report.get(wire.REPORT_TICKET), str)
         and isinstance(report.get(wire.KV_TRANSFER_PARAMS), dict)

@@ -57,7 +57,12 @@ class ClientRequest:
 
 
 async def read_request(
-    request: Request, endpoint: Endpoint, max_body_bytes: int, tenant: str | None = None
+    request: Request,
+    endpoint: Endpoint,
+    max_body_bytes: int,
+    tenant: str | None = None,
+    *,
+    max_json_depth: int,
 ) -> ClientRequest:
     """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input.
 
@@ -65,7 +70,7 @@ async def read_request(
     authenticates clients their ``authorization`` header is its own and is not forwarded.
     """
     raw = await _read_body(request, max_body_bytes)
-    body = _parse_json(raw)
+    body = _parse_json(raw, max_json_depth)
     wire = wire_format(endpoint)
     wire.check(body)
     hints = _resolve_hints(request.headers, body.get(protocol.BODY_FIELD))
@@ -94,9 +99,10 @@ def _forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return forwarded
 
 
-async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """The request's body as a JSON object, read up to ``max_body_bytes`` (413 beyond)."""
-    return _parse_json(await _read_body(request, max_body_bytes))
+async def read_json(request: Request, max_body_bytes: int, max_json_depth: int) -> dict[str, Any]:
+    """The request's body as a JSON object, read up to ``max_body_bytes`` (413 beyond) and
+    nested at most ``max_json_depth`` deep (400 beyond)."""
+    return _parse_json(await _read_body(request, max_body_bytes), max_json_depth)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -119,18 +125,31 @@ def _too_large(limit: int) -> RouterError:
     return RouterError(413, f"Request body exceeds {limit} bytes.", code="request_too_large")
 
 
-def _parse_json(raw: bytes) -> dict[str, Any]:
+def _parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
     # ValueError also covers undecodable bytes, NaN/Infinity (not JSON, and engines refuse
-    # them) and integers past Python's digit limit; RecursionError, absurdly deep nesting.
+    # them) and integers past Python's digit limit; RecursionError, nesting past what the
+    # standard library reads (about 1000 levels).
     try:
         body = codec.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+    except ValueError as exc:
         raise RouterError(
             400, f"Request body is not valid JSON: {_short(exc)}", code="invalid_json"
         ) from None
     if not isinstance(body, dict):
         raise RouterError(400, "Request body must be a JSON object.", code="invalid_json")
+    if codec.nested_deeper(body, raw, max_depth):  # the router could not write it again
+        raise _too_deep(max_depth)
     return body
+
+
+def _too_deep(limit: int) -> RouterError:
+    return RouterError(
+        400,
+        f"Request body is not valid JSON: objects and arrays nested deeper than {limit} levels.",
+        code="invalid_json",
+    )
 
 
 def _refuse_constant(name: str) -> None:

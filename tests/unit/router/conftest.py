@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -56,3 +57,18 @@ async def make_router() -> AsyncIterator[MakeRouter]:
             )
 
         yield make
+
+
+@pytest.fixture
+def errors_logged() -> Iterator[list[str]]:
+    """``logger: message`` of each ERROR record logged during the test, the app's and
+    uvicorn's (whose loggers do not propagate to the root logger once it configured them)."""
+    logged: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: logged.append(f"{record.name}: {record.getMessage()}")  # type: ignore[method-assign]
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield logged
+    for logger in loggers:
+        logger.removeHandler(handler)

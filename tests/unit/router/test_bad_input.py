@@ -25,6 +25,27 @@ CASES = [
     ("not utf-8", "/v1/chat/completions", b"\xff\xfe{}", {}, 400, "invalid_json"),
     ("not an object", "/v1/chat/completions", b"[1, 2]", {}, 400, "invalid_json"),
     ("nested too deep", "/v1/chat/completions", b"[" * 2000 + b"]" * 2000, {}, 400, "invalid_json"),
+    # Found by test_fuzz.py's socket fuzz: read (orjson takes 1024 levels), but not written
+    # again for the engine (the standard library ran out of stack), a 500 with tracebacks.
+    *(
+        (
+            f"nested {depth} deep in a valid chat body",
+            "/v1/chat/completions",
+            _chat(x=None).replace(b"null", b"[" * depth + b"]" * depth),
+            {},
+            400,
+            "invalid_json",
+        )
+        for depth in (129, 255, 980, 1000, 1020, 1024)
+    ),
+    (
+        "nested too deep in a report",
+        "/internal/v1/kv-holdings",
+        b'{"ticket": "t", "kv_transfer_params": {"x": ' + b"[" * 1000 + b"]" * 1000 + b"}}",
+        {"x-agentkv-secret": "test-secret"},
+        400,
+        "invalid_json",
+    ),
     ("NaN", "/v1/chat/completions", _chat(temperature=float("nan")), {}, 400, "invalid_json"),
     (
         "integer past the digit limit",
@@ -178,6 +199,29 @@ async def test_oversized_body_without_content_length_is_refused(make_router):
 
     assert response.status_code == 413
     assert router.engine_requests() == 0
+
+
+@pytest.mark.parametrize("depth", [2, 64, 128])
+async def test_bodies_nested_up_to_the_limit_are_served(make_router, depth):
+    router = await make_router()
+    # the deepest level holds an integer past 64 bits: written by the standard library
+    nested = b"[" * (depth - 1) + str(2**70).encode() + b"]" * (depth - 1)
+    body = _chat(x=None).replace(b"null", nested)
+
+    response = await router.client.post("/v1/chat/completions", content=body)
+
+    assert response.status_code == 200, response.text
+    assert router.engine_requests() == 2
+
+
+async def test_the_nesting_limit_is_a_setting(make_router):
+    router = await make_router(max_json_depth=8)
+    body = _chat(x=None).replace(b"null", b"[" * 8 + b"]" * 8)
+
+    response = await router.client.post("/v1/chat/completions", content=body)
+
+    assert response.status_code == 400
+    assert "deeper than 8 levels" in response.json()["error"]["message"]
 
 
 async def test_unknown_route_is_an_openai_error(make_router):

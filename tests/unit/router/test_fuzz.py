@@ -1,4 +1,5 @@
-"""Fuzzing the router's HTTP API with Hypothesis, in process, in front of stub engines.
+"""Fuzzing the router's HTTP API with Hypothesis, in front of stub engines: in process, and as
+uvicorn serves it on a loopback socket (:func:`test_hostile_bodies_over_a_socket`).
 
 Whatever a client sends (any JSON, any bytes, any content type, any headers, any session id,
 any credentials), the router answers: never a 5xx, never an exception out of the app
@@ -9,18 +10,21 @@ one input leaves behind meets the next, and afterwards it must still serve a val
 
 from __future__ import annotations
 
+import contextlib
 import json
 import string
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agentkv import protocol
-from agentkv_server.testing import InProcessRouter, conversation
+from agentkv_server.testing import InProcessRouter, conversation, serve_on_loopback
 
 FUZZ = settings(
     max_examples=150,
@@ -231,3 +235,77 @@ async def test_any_credentials(
     )
     check(keyed_router, response)
     assert (response.status_code == 401) == (authorization.decode("latin-1") not in VALID_KEYS)
+
+
+# Hostile bodies as bytes on the wire: valid chat turns carrying a value nested up to past the
+# readers' limit (1024 levels), odd Unicode (lone surrogates escaped, or raw as invalid UTF-8),
+# bytes that are not UTF-8, junk of any type in any field, and bodies past the size limit.
+depths = st.integers(1, 1100) | st.integers(940, 1040)  # 2nd: where reading and writing differ
+nested = st.builds(
+    lambda depth, brackets: brackets[0] * depth + b"0" + brackets[1] * depth,
+    depths,
+    st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]),
+)
+odd_text = st.text(st.characters(categories=["Cs", "Co", "Cn", "So", "Zs", "Cc"]), max_size=30)
+CHAT_HEAD = b'{"model":"stub-model","max_tokens":2,"messages":[{"role":"user","content":'
+hostile_bodies = st.one_of(
+    nested.map(lambda value: CHAT_HEAD + b'"x"}],"x":' + value + b"}"),
+    nested.map(lambda value: CHAT_HEAD + value + b"}]}"),
+    odd_text.map(lambda text: CHAT_HEAD + json.dumps(text).encode() + b"}]}"),
+    odd_text.map(lambda text: CHAT_HEAD + b'"' + text.encode("utf-8", "surrogatepass") + b'"}]}'),
+    st.binary(max_size=64).map(lambda junk: CHAT_HEAD + b'"' + junk + b'"}]}'),
+    near_valid_bodies.map(encode),
+    json_values.map(encode),
+    st.integers(60_000, 70_000).map(lambda n: CHAT_HEAD + b'"' + b"x" * n + b'"}]}'),
+)
+
+
+@contextlib.contextmanager
+def python_default_recursion_limit() -> Iterator[None]:
+    """Python's default recursion limit, which a served router runs under: Hypothesis raises
+    it while an example runs, which hid the nesting bug below from this test."""
+    raised = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(raised)
+
+
+class Served:
+    """``router`` served by uvicorn on a loopback port, and a client of it; short to print in
+    a falsifying example (the router's own repr nests deeper than the recursion limit)."""
+
+    def __init__(self, router: InProcessRouter, client: httpx.AsyncClient) -> None:
+        self.router = router
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"Served({self.client.base_url})"
+
+
+@pytest.fixture
+async def served(router: InProcessRouter) -> AsyncIterator[Served]:
+    async with serve_on_loopback(router.app) as url, httpx.AsyncClient(base_url=url) as client:
+        yield Served(router, client)
+
+
+@FUZZ
+@given(path=st.sampled_from(PATHS), body=hostile_bodies)
+async def test_hostile_bodies_over_a_socket(
+    served: Served, errors_logged: list[str], path: str, body: bytes
+) -> None:
+    """The real server (uvicorn, the app's middlewares, the engines' HTTP client) under
+    hostile bodies: never a 5xx, always an OpenAI-shaped error, nothing logged as an ERROR.
+
+    It finds issue 50's nesting bug in the code before its fix: a valid chat body carrying a
+    value nested about 950-1024 deep was read (orjson reads 1024 levels) but could not be
+    written again for the engine (orjson writes 254, the standard library ran out of stack),
+    and the router answered 500 and logged two tracebacks."""
+    errors_logged.clear()  # one list for all examples
+    with python_default_recursion_limit():
+        response = await served.client.post(
+            path, content=body, headers={"content-type": "application/json"}
+        )
+    check(served.router, response)
+    assert not errors_logged
