@@ -17,6 +17,7 @@ created in the lifespan and closed with it. Tests drive the app in-process with
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,8 +35,8 @@ from agentkv_server.router.auth import (
     session_key,
 )
 from agentkv_server.router.capacity import CapacityLedger
-from agentkv_server.router.errors import RouterError, install_error_handlers
-from agentkv_server.router.fastpath import FastRoutes
+from agentkv_server.router.errors import ClientGone, RouterError, install_error_handlers
+from agentkv_server.router.fastpath import FastRoutes, Handler
 from agentkv_server.router.formats import Endpoint
 from agentkv_server.router.guard import TENANT_STATE, RequestGuard
 from agentkv_server.router.holdings import HoldingKeeper
@@ -49,9 +50,12 @@ from agentkv_server.router.queue import Priority, StepQueue
 from agentkv_server.router.redis_store import RedisStore
 from agentkv_server.router.resilient_store import ResilientStore
 from agentkv_server.router.sessions import InMemoryStore, SessionStore
+from agentkv_server.router.streaming import unless_client_leaves
 from agentkv_server.settings import Settings
 
 __all__ = ["RouterState", "create_app"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -224,7 +228,7 @@ async def _serve_turn(request: Request, endpoint: Endpoint) -> Response:
         _tenant(request),
         max_json_depth=settings.max_json_depth,
     )
-    return await state.orchestrator.serve(turn, started)
+    return await unless_client_leaves(request.receive, state.orchestrator.serve(turn, started))
 
 
 async def _chat_completions(request: Request) -> Response:
@@ -262,11 +266,30 @@ async def _report_holding(request: Request) -> Response:
     return Response(status_code=204)
 
 
+def _client_may_leave(handler: Handler) -> Handler:
+    """``handler``, where a client that leaves before its answer (ClientGone) is a normal
+    event: counted and logged without a traceback, its (unsent) answer a bare 499."""
+
+    async def serve(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ClientGone as gone:
+            _state(request).metrics.record_client_disconnect(gone.phase)
+            log = logger.info if gone.phase == "turn" else logger.debug
+            log("%s %s: %s", request.method, request.url.path, gone)
+            return Response(status_code=499)
+
+    return serve
+
+
 _FAST_ROUTES = {
-    "/v1/chat/completions": _chat_completions,
-    "/v1/completions": _completions,
-    "/v1/responses": _responses,
-    wire.REPORT_PATH: _report_holding,
+    path: _client_may_leave(handler)
+    for path, handler in {
+        "/v1/chat/completions": _chat_completions,
+        "/v1/completions": _completions,
+        "/v1/responses": _responses,
+        wire.REPORT_PATH: _report_holding,
+    }.items()
 }
 """The POST routes of every turn, served by :class:`FastRoutes` ahead of FastAPI's routing."""
 

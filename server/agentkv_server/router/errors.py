@@ -14,7 +14,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentkv_server.errors import AgentKVServerError
 
-__all__ = ["RouterError", "TurnTimedOut", "error_response", "install_error_handlers"]
+__all__ = [
+    "ClientGone",
+    "RouterError",
+    "TurnTimedOut",
+    "error_response",
+    "install_error_handlers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +73,16 @@ class TurnTimedOut(RouterError):
             code="turn_timeout",
             headers={**headers, "x-should-retry": "false"},
         )
+        self.phase = phase
+
+
+class ClientGone(AgentKVServerError):
+    """The client closed its connection before the router answered, while it sent its body
+    (``phase`` ``body``) or waited for the turn (``turn``). A normal event: nobody is left to
+    answer, so the router counts it and stops the turn's work (docs/security.md)."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(f"the client left during its {phase}")
         self.phase = phase
 
 

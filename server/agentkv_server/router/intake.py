@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from agentkv import protocol
 from agentkv_server import wire
 from agentkv_server.router import codec
 from agentkv_server.router.auth import session_key
-from agentkv_server.router.errors import RouterError
+from agentkv_server.router.errors import ClientGone, RouterError
 from agentkv_server.router.formats import Endpoint, invalid_parameter, wire_format
 from agentkv_server.router.turn import TurnHints
 
@@ -64,7 +64,8 @@ async def read_request(
     *,
     max_json_depth: int,
 ) -> ClientRequest:
-    """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input.
+    """Parse and validate ``request``; raises :class:`RouterError` (4xx) on bad input, and
+    :class:`ClientGone` when the client left before its body ended.
 
     ``tenant`` (the authenticated caller) namespaces the session id. When the router
     authenticates clients their ``authorization`` header is its own and is not forwarded.
@@ -113,11 +114,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise _too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone("body") from None
     return b"".join(chunks)
 
 

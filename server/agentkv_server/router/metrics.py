@@ -40,6 +40,9 @@
   the failure's kind, or ``health`` when their periodic probes failed)
 - ``agentkv_turns_timed_out_total{phase="queue|prefill|decode"}`` (turns that reached
   ``timeouts.first_token_s`` before their first token, answered 504: no engine is blamed)
+- ``agentkv_client_disconnects_total{phase="body|turn"}`` (clients that closed their
+  connection before the router answered: while sending their body, or while their turn ran,
+  which was then cancelled)
 
 Each app owns a registry, so several routers (tests, replicas in one process) never collide.
 """
@@ -259,6 +262,13 @@ class RouterMetrics:
             ["phase"],
             registry=self.registry,
         )
+        self.client_disconnects = Counter(
+            "agentkv_client_disconnects_total",
+            "Clients that closed their connection before the router answered, by phase: while "
+            "sending their body, or while their turn ran (then cancelled).",
+            ["phase"],
+            registry=self.registry,
+        )
         self._decisions: dict[tuple[KVPath, str], Counter] = {}
         # Each path's children, looked up once rather than per turn (a path's TTFT series
         # appears with its first turn, as before).
@@ -307,6 +317,9 @@ class RouterMetrics:
 
     def record_turn_timed_out(self, phase: str) -> None:
         self.turns_timed_out.labels(phase=phase).inc()
+
+    def record_client_disconnect(self, phase: str) -> None:
+        self.client_disconnects.labels(phase=phase).inc()
 
     def record_stream_resumed(self) -> None:
         self.streams_resumed.inc()

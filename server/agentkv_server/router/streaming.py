@@ -1,4 +1,5 @@
-"""A streamed answer relayed to the client, and stopped as soon as the client goes away.
+"""A streamed answer relayed to the client, and stopped as soon as the client goes away; and a
+turn's work before its answer, stopped the same way (:func:`unless_client_leaves`).
 
 Starlette's ``StreamingResponse`` watches for the client's disconnect with an anyio task group
 per stream (a cancel scope and two tasks); with it, a streamed turn cost the router about half
@@ -10,12 +11,47 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["RelayResponse"]
+from agentkv_server.router.errors import ClientGone
+
+__all__ = ["RelayResponse", "unless_client_leaves"]
+
+
+async def unless_client_leaves(receive: Receive, serving: Awaitable[Response]) -> Response:
+    """``serving``'s response, awaited in this task; :class:`ClientGone` (``turn``) once the
+    client closes its connection first. Its body must have been read: what ``receive`` says
+    next is the disconnect. The turn's work is cancelled where it stands: a step held in the
+    router's queue leaves it unsent, an engine call in flight closes its connection, and vLLM
+    aborts a request whose connection closes."""
+    serve = asyncio.current_task()
+    assert serve is not None
+    left = False
+
+    def client_left() -> None:
+        nonlocal left
+        left = True
+        serve.cancel()
+
+    watcher = asyncio.ensure_future(_on_disconnect(receive, client_left))
+    try:
+        response = await serving
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        if sys.version_info >= (3, 11):
+            serve.uncancel()
+        raise ClientGone("turn") from None
+    finally:
+        watcher.cancel()
+    if left:  # the turn's work ended as the client left: nobody to answer
+        if sys.version_info >= (3, 11):
+            serve.uncancel()
+        raise ClientGone("turn")
+    return response
 
 
 class RelayResponse(Response):
