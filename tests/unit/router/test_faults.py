@@ -185,6 +185,28 @@ async def test_client_gets_an_error_only_when_every_decode_engine_failed(make_ro
     assert response.json()["error"]["code"] == "engine_failure"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_502_names_the_step_not_the_engine(make_router, caplog, stream):
+    """The tenant learns which step failed and that a retry may serve it; the engines' URLs
+    and their own error text go to the log (one WARNING line) and the metrics (issue 50)."""
+    router = await make_router(n_decode=2)
+    for engine in router.decode:
+        engine.faults.append("error")
+
+    response = await router.chat(conversation(1, 50), stream=stream)
+
+    assert response.status_code == 502
+    assert response.headers["x-should-retry"] == "true"
+    message = response.json()["error"]["message"]
+    assert "decode step" in message
+    for secret in ("http://", "127.0.0.1", "injected engine failure", "HTTP 500"):
+        assert secret not in response.text
+    failed = [r for r in caplog.records if r.getMessage().startswith("turn failed")]
+    assert len(failed) == 1 and failed[0].levelname == "WARNING"
+    assert router.decode[1].url in failed[0].getMessage()
+    assert await router.metric('agentkv_engine_errors_total{kind="status",role="decode"}') == 2
+
+
 async def test_non_streamed_decode_failure_is_retried_elsewhere(make_router):
     router = await make_router(n_decode=2)
     router.decode[0].faults.append("error")

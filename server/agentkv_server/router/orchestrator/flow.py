@@ -191,9 +191,20 @@ def _unservable(turn: Turn) -> RouterError:
             type="server_error",
             code="no_engine_available",
         )
+    # The detail (engine URLs, the engine's own text) is the operator's: the log and the
+    # engine errors' metric. The tenant learns which step failed and that a retry may serve it.
+    failure = turn.failures[-1]
+    logger.warning(
+        "turn failed: no engine could serve its %s step after %d failures; the last: %s",
+        failure.engine.role,
+        len(turn.failures),
+        failure,
+    )
     return RouterError(
         502,
-        f"No engine could serve the request: {turn.failures[-1]}",
+        f"The turn's {failure.engine.role} step failed on every engine tried. Nothing of it "
+        "was answered; a retry may be served.",
         type="server_error",
         code="engine_failure",
+        headers={"x-should-retry": "true"},
     )
