@@ -105,7 +105,9 @@ class TurnLoad:
     holder's running sequences over its P step in all, as its streams showed it during earlier
     pulls (placement.StepTimes; None until seen); ``slowed_gaps``: of the holder's last
     ``window_gaps`` stream gaps, those that ran beside a local prefill (``window_gaps`` None:
-    not counted, and no share to keep).
+    not counted, and no share to keep); ``prefill_sharing``: the turns in flight on that
+    engine or held for it, which a longer step there (a recompute rather than a pull)
+    delays.
     """
 
     new_tokens: int
@@ -115,6 +117,7 @@ class TurnLoad:
     read_delay_s: float | None = None
     slowed_gaps: int = 0
     window_gaps: int | None = None
+    prefill_sharing: int = 0
 
     @property
     def holder_busy(self) -> bool:
@@ -300,6 +303,7 @@ class CostModelPolicy:
         pull_s = fixed + read_s + self.predicted_recompute_s(new)
         pull_cost_s = pull_s + self.read_others_delay_s(load)
         recompute_s = fixed + self.predicted_recompute_s(held + new)
+        recompute_cost_s = recompute_s + self.recompute_others_delay_s(held, new, load)
         refused = None
         if load is not None and self._local_settings.enabled:
             local = self.predicted_local(load)
@@ -319,10 +323,22 @@ class CostModelPolicy:
         # The pull reads the holding once P gets to it: it must still be there then.
         if remaining_s < wait_s + read_s + self._cost.expiry_guard_s:
             return Decision(KVPath.RECOMPUTE, "expiring")
-        if pull_cost_s >= recompute_s:
+        if pull_cost_s >= recompute_cost_s:
             cheaper = PULL_SLOWS_OTHERS if pull_s < recompute_s else "recompute_cheaper"
             return Decision(KVPath.RECOMPUTE, refused or cheaper)
         return Decision(KVPath.PULL, refused or "pull_cheaper")
+
+    def recompute_others_delay_s(self, held: int, new: int, load: TurnLoad | None) -> float:
+        """The seconds a recompute adds to the turns sharing its prefill engine together: its
+        step computes the history a pull would read, and each turn in flight there or held for
+        it waits that much longer. Left out, a pull from a busy holder (its read priced against
+        the holder's running sequences) lost to a recompute exactly when P was the bottleneck:
+        on the overload preset the follow-ups that recomputed at 2x and 4x (5) took 8-14 s to
+        their first token, where pulls took 1-6 s (docs/benchmarks.md, "Overload")."""
+        if load is None or not load.prefill_sharing:
+            return 0.0
+        history_s = self.predicted_recompute_s(held + new) - self.predicted_recompute_s(new)
+        return history_s * load.prefill_sharing
 
     def decide_from_host_tier(self, held_tokens: int, load: TurnLoad) -> Decision:
         """Local when predicted faster than recomputing the whole history on P by more than

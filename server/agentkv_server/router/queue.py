@@ -170,6 +170,12 @@ class StepQueue:
         return in_flight + self.held_s(Priority.FOLLOW_UP)
 
     @property
+    def turns_sharing(self) -> int:
+        """The turns a step sent now would delay: those in flight (computed beside it) and
+        those held (sent after it)."""
+        return len(self._in_flight) + len(self._held)
+
+    @property
     def tokens_in_flight(self) -> int:
         return self._tokens_in_flight
 

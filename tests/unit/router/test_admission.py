@@ -252,7 +252,7 @@ async def test_the_openai_client_retries_a_refused_turn_after_retry_after(make_r
         await client.close()
         await asyncio.gather(*burst)
 
-    assert answer.retries_taken == 1
+    assert answer.retries_taken >= 1  # one when the burst ends on time; two on a loaded machine
     assert answer.parse().choices[0].message.content
     assert waited >= 1.0  # it slept Retry-After (at least 1 s) before the try that was served
     assert await router.metric("agentkv_admission_refused_total") >= 1

@@ -354,6 +354,18 @@ def test_a_pull_that_slows_the_holders_sessions_more_than_it_saves_recomputes():
     assert policy.decide(held(3000), NOW, alone).path is KVPath.PULL
 
 
+def test_a_recompute_is_priced_against_the_turns_sharing_its_prefill_engine():
+    """Where P is the bottleneck, the history a recompute computes there delays every turn
+    in flight on it or held for it: a pull that slows the holder's sessions wins then."""
+    policy = cost_model(enabled=False)
+    idle_p = TurnLoad(100, holder_running=2, read_delay_s=0.8)  # 0.16 + 1.6 s > 1.55 s
+    busy_p = TurnLoad(100, holder_running=2, read_delay_s=0.8, prefill_sharing=3)
+
+    assert policy.decide(held(3000), NOW, idle_p).path is KVPath.RECOMPUTE
+    decision = policy.decide(held(3000), NOW, busy_p)  # 1.76 s < 1.55 + 3 x ~1.5 s
+    assert (decision.path, decision.reason) == (KVPath.PULL, "pull_cheaper")
+
+
 def test_pulls_from_busy_holders_are_learned_apart():
     """A busy holder serves P's read between its decode steps: those pulls are slower, and
     must not make pulls from idle holders look slow (or the reverse)."""

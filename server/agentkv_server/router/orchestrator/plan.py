@@ -184,7 +184,8 @@ class Planner:
         new_tokens = max(prompt_tokens - holding.num_tokens, 0)
         # A session's turn with a holding is a follow-up: only other follow-ups go before it
         # on P (queue.py).
-        waits = [e.queue.follow_up_backlog_s() for e in services.prefill.engines if e.healthy]
+        queues = [e.queue for e in services.prefill.engines if e.healthy]
+        queue = min(queues, key=lambda q: q.follow_up_backlog_s(), default=None)
         context = prompt_tokens + holder.steps.prefilling_tokens
         added_s = services.decode.measured(holder, lambda steps: steps.added_s(context))
         read_delay_s = services.decode.measured(
@@ -192,8 +193,10 @@ class Planner:
         )
         steps = holder.steps
         return TurnLoad(
-            new_tokens, holder.inflight, added_s, min(waits, default=0.0), read_delay_s,
+            new_tokens, holder.inflight, added_s,
+            queue.follow_up_backlog_s() if queue is not None else 0.0, read_delay_s,
             steps.slowed_gaps, steps.window_gaps,
+            queue.turns_sharing if queue is not None else 0,
         )  # fmt: skip
 
     async def _count_prompt(self, request: ClientRequest, holder: Engine) -> int | None:
