@@ -27,31 +27,46 @@ async def unless_client_leaves(receive: Receive, serving: Awaitable[Response]) -
     next is the disconnect. The turn's work is cancelled where it stands: a step held in the
     router's queue leaves it unsent, an engine call in flight closes its connection, and vLLM
     aborts a request whose connection closes."""
-    serve = asyncio.current_task()
-    assert serve is not None
-    left = False
-
-    def client_left() -> None:
-        nonlocal left
-        left = True
-        serve.cancel()
-
-    watcher = asyncio.ensure_future(_on_disconnect(receive, client_left))
+    watch = _ClientWatch(receive)
     try:
         response = await serving
     except asyncio.CancelledError:
-        if not left:
+        if not watch.left:
             raise
-        if sys.version_info >= (3, 11):
-            serve.uncancel()
+        watch.take_back_cancel()
         raise ClientGone("turn") from None
     finally:
-        watcher.cancel()
-    if left:  # the turn's work ended as the client left: nobody to answer
-        if sys.version_info >= (3, 11):
-            serve.uncancel()
+        watch.stop()
+    if watch.left:  # the turn's work ended as the client left: nobody to answer
+        watch.take_back_cancel()
         raise ClientGone("turn")
     return response
+
+
+class _ClientWatch:
+    """Cancels the current task when the client disconnects (one plain task reading
+    ``receive``); ``left`` says whether it did."""
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.left = False
+        self._task = task
+        self._watcher = asyncio.ensure_future(_on_disconnect(receive, self._client_left))
+
+    def _client_left(self) -> None:
+        self.left = True
+        self._task.cancel()
+
+    def take_back_cancel(self) -> None:
+        """Withdraw the cancel this watch requested, so that the task goes on cleanly."""
+        if sys.version_info >= (3, 11):
+            self._task.uncancel()
+
+    def stop(self) -> None:
+        """Stop watching: call before any await in cleanup, which a disconnect must not
+        cancel."""
+        self._watcher.cancel()
 
 
 class RelayResponse(Response):
@@ -71,28 +86,18 @@ class RelayResponse(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        relay = asyncio.current_task()
-        assert relay is not None
-        left = False
-
-        def client_left() -> None:
-            nonlocal left
-            left = True
-            relay.cancel()
-
-        watcher = asyncio.ensure_future(_on_disconnect(receive, client_left))
+        watch = _ClientWatch(receive)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not left:
+            if not watch.left:
                 raise
-            if sys.version_info >= (3, 11):
-                relay.uncancel()
+            watch.take_back_cancel()
         finally:
-            watcher.cancel()  # before any await here: a disconnect now must not cancel cleanup
+            watch.stop()
             await self.chunks.aclose()
 
 
