@@ -143,13 +143,7 @@ def test_decode_engines_slice_prefills_as_the_router_prices_them(
     """The router prices a local turn on a busy holder per slice (local.slice_tokens): its
     decode engines cut prefills beside running sequences at that size; the user's own engine
     arguments come after, so that they can override."""
-    config = StackConfig(
-        model=str(tmp_path),
-        log_dir=tmp_path,
-        engine_args=("--max-model-len", "4096"),
-        router_settings={"local": {"slice_tokens": slice_tokens}},
-    )
-    _, decode = Stack(config).plan()
+    _, decode = planned(tmp_path, {"local": {"slice_tokens": slice_tokens}})
     sliced = ("--long-prefill-token-threshold", "48") if slice_tokens else ()
     assert decode.engine_args == (*sliced, "--max-model-len", "4096")
 
@@ -160,13 +154,7 @@ def test_prefill_engines_take_steps_no_longer_than_the_router_holds_turns_behind
 ) -> None:
     """A follow-up the router sends ahead of queued first turns waits for the step its prefill
     engine computes (admission.prefill_step_tokens), not for a whole long prompt."""
-    config = StackConfig(
-        model=str(tmp_path),
-        log_dir=tmp_path,
-        engine_args=("--max-model-len", "4096"),
-        router_settings={"admission": {"prefill_step_tokens": step_tokens}},
-    )
-    prefill, decode = Stack(config).plan()
+    prefill, decode = planned(tmp_path, {"admission": {"prefill_step_tokens": step_tokens}})
     stepped = (
         ("--max-num-batched-tokens", "512", "--long-prefill-token-threshold", "256")
         if step_tokens
@@ -253,3 +241,15 @@ def test_an_engine_whose_port_was_taken_starts_again_on_other_ports(
         (engine,) = stack.engines
         assert engine.is_running()
         assert engine.spec.port != int(marker.read_text())
+
+
+def planned(tmp_path: Path, router_settings: dict):
+    """The (prefill, decode) engines a stack with ``router_settings`` and the user's own
+    ``--max-model-len 4096`` starts."""
+    config = StackConfig(
+        model=str(tmp_path),
+        log_dir=tmp_path,
+        engine_args=("--max-model-len", "4096"),
+        router_settings=router_settings,
+    )
+    return Stack(config).plan()

@@ -36,6 +36,22 @@ async def wait_for(condition, timeout_s: float = 5.0) -> None:
             await asyncio.sleep(0.02)
 
 
+async def leave_during_prefill(make_router, chat: dict):
+    """A router whose client sent ``chat`` over a socket and left while P computed it (2 s),
+    once the router counted the disconnect."""
+    router = await make_router()
+    router.prefill[0].delay_s = 2.0
+    body = json.dumps(chat).encode()
+    async with serve_on_loopback(router.app) as url:
+        _, writer = await send_and_leave(
+            url, "/v1/chat/completions", {"content-type": "application/json"}, body, len(body)
+        )
+        await wait_for(lambda: _asked(router.prefill[0]))
+        writer.close()
+        await wait_for(lambda: _counted(router, 1))
+    return router
+
+
 @pytest.mark.parametrize(
     ("path", "head"),
     [
@@ -60,17 +76,8 @@ async def test_a_client_that_leaves_mid_body_is_counted_not_an_error(
 async def test_a_plain_turn_whose_client_leaves_is_cancelled(make_router, errors_logged):
     """The client leaves while P computes: the P call's connection closes (vLLM aborts such a
     request) and the D step never starts."""
-    router = await make_router()
-    router.prefill[0].delay_s = 2.0
-    body = json.dumps(CHAT).encode()
-    async with serve_on_loopback(router.app) as url:
-        _, writer = await send_and_leave(
-            url, "/v1/chat/completions", {"content-type": "application/json"}, body, len(body)
-        )
-        await wait_for(lambda: _asked(router.prefill[0]))
-        writer.close()
-        await wait_for(lambda: _counted(router, 1))
-        await asyncio.sleep(0.1)
+    router = await leave_during_prefill(make_router, CHAT)
+    await asyncio.sleep(0.1)
 
     assert errors_logged == []
     assert router.decode[0].requests == []
@@ -82,16 +89,7 @@ async def test_a_plain_turn_whose_client_leaves_is_cancelled(make_router, errors
 async def test_a_streamed_turn_whose_client_leaves_before_its_first_chunk_is_cancelled(
     make_router, errors_logged
 ):
-    router = await make_router()
-    router.prefill[0].delay_s = 2.0
-    body = json.dumps({**CHAT, "stream": True}).encode()
-    async with serve_on_loopback(router.app) as url:
-        _, writer = await send_and_leave(
-            url, "/v1/chat/completions", {"content-type": "application/json"}, body, len(body)
-        )
-        await wait_for(lambda: _asked(router.prefill[0]))
-        writer.close()
-        await wait_for(lambda: _counted(router, 1))
+    router = await leave_during_prefill(make_router, {**CHAT, "stream": True})
 
     assert errors_logged == []
     assert router.decode[0].requests == []
